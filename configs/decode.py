@@ -1,0 +1,32 @@
+"""Evaluation: every listed method on the same held-out prompts, side by side.
+
+  python decode.py --config=configs/decode.py --config.run_dir=runs/tiny \\
+      --config.methods=ar,prompt_lookup,draft --config.temperature=1.0
+
+Writes run_dir/decode/t<temperature>.json (or --config.output_json), a PNG of per-position
+acceptance beside it, and prints one table.
+"""
+
+import ml_collections
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.run_dir = "runs/tiny"
+  c.methods = "ar,prompt_lookup,draft"  # AR always runs first: it is the baseline
+  c.prompts = ""  # .txt (one per line) or .jsonl ("prompt"); empty = bundled held-out set
+  c.num_prompts = 0  # 0 = all
+  c.max_new_tokens = 64
+  c.temperature = 0.0  # 0 = greedy
+  c.top_k = 0
+  c.top_p = 1.0
+  c.batch_size = 4
+  c.num_draft_tokens = 4  # K for draft-model, prompt-lookup and MTP drafters
+  c.block_size = 8  # block drafters (B - 1 drafts per step)
+  c.lookup_max_ngram = 3
+  c.cache_len = 512  # positions per row: prompt + max_new_tokens + K + 1 must fit
+  c.seed = 0
+  c.output_json = ""  # empty = run_dir/decode/t<temperature>.json
+  c.plot = True
+  c.measure_costs = True  # time T_ar, T_verify(K+1), T_draft(K) for predicted speedup
+  return c

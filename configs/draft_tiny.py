@@ -1,0 +1,24 @@
+"""The draft model for the tiny target: one small layer, the target's tokenizer and data.
+
+  python train.py --config=configs/draft_tiny.py --config.run_dir=runs/tiny
+
+Needs runs/tiny/target/ (the tokenizer, and the target itself when distill=True).
+Trains into runs/tiny/draft/. About a minute on 2 CPU cores.
+"""
+
+from specjax import config_base
+
+
+def get_config():
+  c = config_base.train_defaults()
+  c.method = "draft"
+  c.num_steps = 300
+  c.distill = True  # KL to the frozen target's logits; False = next-token loss on the data
+  c.model = config_base.model_defaults()
+  c.model.num_layers = 1
+  c.model.d_model = 128
+  c.model.num_heads = 2
+  c.model.num_kv_heads = 1
+  c.model.head_dim = 64
+  c.model.mlp_dim = 384
+  return c

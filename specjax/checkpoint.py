@@ -1,0 +1,81 @@
+"""Orbax checkpoints behind one small class.
+
+Each step saves three items: `params` (what decoding loads), `train` (optimizer state and
+step) and `data` (the Grain iterator state, JSON), so a killed run resumes exactly where its
+last checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+from specjax.errors import SpecjaxError
+
+
+def _abstract(tree):
+  """ShapeDtypeStructs carrying each leaf's sharding, the restore target orbax wants."""
+  def one(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+  return jax.tree.map(one, tree)
+
+
+def _shape_error(directory, step, err) -> SpecjaxError:
+  first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+  return SpecjaxError(
+      f"checkpoint {directory} step {step} does not match the model config ({first[:300]}); "
+      "use the config the checkpoint was trained with, or a fresh run_dir")
+
+
+class Checkpoints:
+
+  def __init__(self, directory: str, *, keep: int = 3):
+    self.directory = os.path.abspath(directory)
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        item_names=("params", "train", "data"),
+    )
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, params, train_state, data_state: dict | None = None):
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        train=ocp.args.StandardSave(train_state),
+        data=ocp.args.JsonSave(data_state or {}),
+    ))
+
+  def restore(self, step: int, params_like, train_like):
+    """Restores all three items into the shapes/shardings of the given (abstract) trees."""
+    try:
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(_abstract(params_like)),
+          train=ocp.args.StandardRestore(_abstract(train_like)),
+          data=ocp.args.JsonRestore(),
+      ))
+    except (ValueError, TypeError, KeyError) as e:
+      raise _shape_error(self.directory, step, e) from None
+    return out["params"], out["train"], out["data"]
+
+  def restore_params(self, params_like, step: int | None = None):
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise SpecjaxError(f"no checkpoint in {self.directory}; train the model first")
+    try:
+      out = self.manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(_abstract(params_like))))
+    except (ValueError, TypeError, KeyError) as e:
+      raise _shape_error(self.directory, step, e) from None
+    return out["params"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.close()

@@ -1,0 +1,67 @@
+"""What train.py and decode.py share: flag parsing with one-line errors, and error handling."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from absl import flags
+
+from specjax.errors import SpecjaxError
+
+
+def fail(message: str):
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def parse_flags(argv):
+  """absl flag parsing, but a bad flag or unknown config key is one line, not a traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    fail(_first_line(e))
+  except (AttributeError, KeyError) as e:  # config_flags on an override of a missing key
+    key = next((a.split("=")[0] for a in argv if a.startswith("--config.")
+                and _first_line(e).strip("'\"") in a), "")
+    fail(f"unknown config key {key or _first_line(e)}; see the config file for the keys it has")
+  except Exception as e:  # config files that fail to load raise plain exceptions
+    fail(f"{type(e).__name__}: {_first_line(e)}")
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else type(e).__name__
+
+
+def config_value(holder):
+  """The parsed config, or a one-line error if its file could not be loaded."""
+  try:
+    cfg = holder.value
+    if cfg is None:
+      fail("no config given; pass --config=configs/<name>.py")
+    cfg.keys()  # config_flags defers a load failure to the first access
+    return cfg
+  except OSError as e:
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
+    fail(f"could not load the config file: {lines[-1] if lines else e}")
+
+
+def reject_extra_args(argv):
+  if len(argv) > 1:
+    fail(f"unexpected arguments {argv[1:]}; settings go in --config.key=value")
+
+
+@contextlib.contextmanager
+def user_errors():
+  """Turns SpecjaxError into a one-line message and exit code 1."""
+  from absl import logging
+
+  from specjax import sharding
+  logging.set_verbosity(logging.ERROR)  # orbax and tfds log routine events
+  sharding.maybe_initialize_distributed()
+  try:
+    yield
+  except SpecjaxError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(1)

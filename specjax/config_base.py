@@ -1,0 +1,67 @@
+"""Defaults every training config shares; `configs/*.py` start from these and override."""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def train_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.method = "target"
+  c.run_dir = "runs/tiny"
+  c.seed = 0
+  c.num_steps = 1000
+  c.batch_size = 16
+  c.seq_len = 128
+  # Mesh axes and sizes (-1 = all remaining devices). Logical axis rules map parameter and
+  # batch axes onto them; an empty list means specjax.sharding.DEFAULT_RULES.
+  c.mesh_shape = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  c.logical_axis_rules = ()
+  # AdamW, linear warmup then cosine decay to learning_rate * min_lr_ratio.
+  c.learning_rate = 3e-3
+  c.warmup_steps = 0.05  # < 1: a fraction of num_steps
+  c.min_lr_ratio = 0.1
+  c.weight_decay = 0.1
+  c.grad_clip = 1.0
+  c.b1 = 0.9
+  c.b2 = 0.95
+  c.log_every = 25
+  c.eval_every = 100
+  c.eval_batches = 8
+  c.save_every = 100
+  c.keep_checkpoints = 3
+  c.data = data_defaults()
+  return c
+
+
+def data_defaults() -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict()
+  d.name = "python_source"  # the bundled builder; or any prepared TFDS text dataset's name
+  d.source_dir = ""  # python_source only: empty = this interpreter's standard library
+  d.validation_percent = 5
+  d.tfds_dir = "~/tensorflow_datasets"
+  d.train_split = "train"
+  d.validation_split = "validation"
+  d.text_feature = "text"
+  d.shuffle_window = 1024  # packed rows shuffled in windows this large (train split only)
+  d.vocab_size = 2048  # BPE vocabulary trained when tokenizer_path is empty
+  d.tokenizer_path = ""  # a tokenizer.json to use as is
+  d.tokenizer_max_docs = 0  # 0 = train the tokenizer on the whole train split
+  return d
+
+
+def model_defaults() -> ml_collections.ConfigDict:
+  m = ml_collections.ConfigDict()
+  m.num_layers = 4
+  m.d_model = 256
+  m.num_heads = 4
+  m.num_kv_heads = 2
+  m.head_dim = 64
+  m.mlp_dim = 768
+  m.rope_theta = 10_000.0
+  m.qk_norm = True
+  m.tie_embeddings = True
+  m.norm_eps = 1e-6
+  m.dtype = "float32"
+  m.param_dtype = "float32"
+  return m

@@ -1,0 +1,84 @@
+"""What the AR and speculative loops share: prompts, prefill, committing tokens, results."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.errors import SpecjaxError
+from specjax.models import write_rows
+
+
+@struct.dataclass
+class DecodeResult:
+  tokens_BxN: jax.Array  # generated ids; row b is valid up to num_tokens_B[b] (EOS included)
+  num_tokens_B: jax.Array
+  target_calls: jax.Array  # target forward passes, the prefill included
+  verify_steps_B: jax.Array  # target passes after the prefill in which the row was active
+  accept_counts: jax.Array  # [K+1]: how many (row, step) pairs accepted m = 0..K drafts
+
+
+def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 16):
+  """Right-padded [B, P] int32 tokens and [B] lengths; P rounded up to limit recompiles."""
+  if not prompts:
+    raise SpecjaxError("no prompts to decode")
+  empty = [i for i, p in enumerate(prompts) if len(p) == 0]
+  if empty:
+    raise SpecjaxError(f"prompt {empty[0]} tokenizes to nothing; remove empty prompts")
+  longest = max(len(p) for p in prompts)
+  width = -(-longest // multiple) * multiple
+  tokens = np.full((len(prompts), width), pad_id, np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  return tokens, np.asarray([len(p) for p in prompts], np.int32)
+
+
+def check_fits(prompt_lens, max_new_tokens: int, lookahead: int, cache_len: int):
+  """Every row must fit prompt + max_new_tokens + the verify window in the cache."""
+  need = int(np.max(prompt_lens)) + max_new_tokens + lookahead + 1
+  if need > cache_len:
+    i = int(np.argmax(prompt_lens))
+    raise SpecjaxError(
+        f"prompt {i} has {int(prompt_lens[i])} tokens; with max_new_tokens={max_new_tokens} and "
+        f"{lookahead} draft tokens it needs a cache of {need} > cache_len={cache_len}; raise "
+        "--config.cache_len or shorten the prompt")
+
+
+def prefill(target, tokens_BxP, lens_B, cache_len: int, feature_layers=()):
+  """Runs the prompts through the target. Returns (cache with end = lengths, the pass's
+  output, logits at each row's last prompt token)."""
+  cache = target.init_cache(tokens_BxP.shape[0], cache_len)
+  out = target(tokens_BxP, cache=cache, feature_layers=feature_layers)
+  last = jnp.take_along_axis(out.logits_BxTxV, (lens_B - 1)[:, None, None], axis=1)[:, 0]
+  return out.cache.rollback(lens_B), out, last
+
+
+def commit_tokens(out_BxN, count_B, done_B, new_BxT, num_new_B, max_new_B, eos_id: int):
+  """Appends the first num_new_B[b] tokens of new_BxT to each active row, stopping at EOS
+  (kept) or max_new_B. Returns (out, count, done)."""
+  active = ~done_B
+  t = new_BxT.shape[1]
+  valid = jnp.arange(t)[None, :] < num_new_B[:, None]
+  is_eos = (new_BxT == eos_id) & valid
+  has_eos = is_eos.any(-1)
+  n = jnp.where(has_eos, jnp.argmax(is_eos, -1) + 1, num_new_B)
+  n = jnp.where(active, jnp.minimum(n, max_new_B - count_B), 0)
+  out_BxN = jnp.where(active[:, None], write_rows(out_BxN, new_BxT, count_B), out_BxN)
+  count_B = count_B + n
+  done_B = done_B | (active & has_eos) | (count_B >= max_new_B)
+  return out_BxN, count_B, done_B
+
+
+def to_lists(result: DecodeResult, eos_id: int) -> list[list[int]]:
+  """Host side: each row's generated ids, without the EOS that ended it."""
+  tokens = np.asarray(result.tokens_BxN)
+  counts = np.asarray(result.num_tokens_B)
+  rows = []
+  for row, n in zip(tokens, counts):
+    ids = [int(t) for t in row[:n]]
+    if ids and ids[-1] == eos_id:
+      ids = ids[:-1]
+    rows.append(ids)
+  return rows

@@ -1,0 +1,105 @@
+"""The draft-verify loop: one jitted `lax.while_loop`, no host round trip per step.
+
+Each step: the drafter proposes K tokens; the target scores [pending, d_1..d_K] in one pass
+(appending to its KV cache); verification accepts m drafts per row and adds one target token;
+the target cache is rolled back to the committed length by end index; the drafter keeps
+what the accepted tokens justify. Per-step statistics stay on device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax.decoding.common import DecodeResult, commit_tokens, prefill
+from specjax.decoding.sampling import Sampler
+from specjax.decoding.verify import verify_greedy, verify_sampling
+from specjax.drafters.base import Context, Drafter, Prefill, Verified
+from specjax.models import KVCache, write_rows
+
+
+@struct.dataclass
+class SpecState:
+  cache: KVCache
+  draft_state: object
+  seq_BxS: jax.Array
+  pending_B: jax.Array
+  out_BxN: jax.Array
+  count_B: jax.Array
+  done_B: jax.Array
+  rng: jax.Array
+  target_calls: jax.Array
+  steps_B: jax.Array
+  accept_counts: jax.Array  # [K+1]
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeDecoder:
+  graphdef: nnx.GraphDef
+  drafter: Drafter
+  sampler: Sampler
+  max_new_tokens: int
+  cache_len: int
+  eos_id: int
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def __call__(self, target_params, drafter_params, tokens_BxP, lens_B, rng) -> DecodeResult:
+    target = nnx.merge(self.graphdef, target_params)
+    drafter, k = self.drafter, self.drafter.num_draft_tokens
+    b, p = tokens_BxP.shape
+    max_new_B = jnp.full((b,), self.max_new_tokens, jnp.int32)
+    cache, pre_out, last_logits = prefill(target, tokens_BxP, lens_B, self.cache_len,
+                                          drafter.feature_layers)
+    rng, first_rng = jax.random.split(rng)
+    first_B = self.sampler.sample(last_logits, first_rng)
+    draft_state = drafter.init(drafter_params, target,
+                               Prefill(tokens_BxP, lens_B, pre_out, self.cache_len))
+
+    zeros = jnp.zeros((b,), jnp.int32)
+    out = jnp.zeros((b, self.max_new_tokens + k + 1), jnp.int32)
+    out, count, done = commit_tokens(out, zeros, zeros.astype(bool), first_B[:, None],
+                                     zeros + 1, max_new_B, self.eos_id)
+    seq = jnp.zeros((b, self.cache_len), jnp.int32).at[:, :p].set(tokens_BxP)
+    seq = write_rows(seq, first_B[:, None], lens_B)
+    state = SpecState(cache, draft_state, seq, first_B, out, count, done, rng, jnp.int32(1),
+                      zeros, jnp.zeros((k + 1,), jnp.int32))
+
+    def body(s: SpecState) -> SpecState:
+      rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
+      end_B = s.cache.end_B
+      drafts_BxK, q, draft_state = drafter.propose(
+          drafter_params, target, s.draft_state, Context(s.seq_BxS, end_B, s.pending_B),
+          self.sampler, draft_rng)
+      window = jnp.concatenate([s.pending_B[:, None], drafts_BxK], axis=1)
+      verify_out = target(window, cache=s.cache, feature_layers=drafter.feature_layers)
+      if self.sampler.greedy:
+        m_B, next_B = verify_greedy(verify_out.logits_BxTxV, drafts_BxK)
+      else:
+        m_B, next_B = verify_sampling(self.sampler.probs(verify_out.logits_BxTxV), drafts_BxK,
+                                      q, verify_rng)
+      # committed this step: d_1..d_m then the target's token
+      slot = jnp.arange(k + 1)[None, :]
+      new_BxK1 = jnp.where(slot < m_B[:, None], jnp.pad(drafts_BxK, ((0, 0), (0, 1))),
+                           next_B[:, None])
+      active = ~s.done_B
+      out, count, done = commit_tokens(s.out_BxN, s.count_B, s.done_B, new_BxK1, m_B + 1,
+                                       max_new_B, self.eos_id)
+      new_end = jnp.where(active, end_B + m_B + 1, end_B)
+      seq = jnp.where(active[:, None], write_rows(s.seq_BxS, new_BxK1, end_B + 1), s.seq_BxS)
+      draft_state = drafter.commit(
+          drafter_params, target, draft_state,
+          Verified(window, end_B, m_B, next_B, verify_out, active))
+      hist = (jax.nn.one_hot(m_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
+      return SpecState(verify_out.cache.rollback(new_end), draft_state, seq,
+                       jnp.where(active, next_B, s.pending_B), out, count, done, rng,
+                       s.target_calls + 1, s.steps_B + active, s.accept_counts + hist)
+
+    final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
+    return DecodeResult(
+        tokens_BxN=final.out_BxN[:, :self.max_new_tokens], num_tokens_B=final.count_B,
+        target_calls=final.target_calls, verify_steps_B=final.steps_B,
+        accept_counts=final.accept_counts)

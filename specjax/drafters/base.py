@@ -1,0 +1,71 @@
+"""The drafter interface: what every method implements and the decode loop calls.
+
+A drafter is a frozen, hashable dataclass (its static configuration; a static jit argument)
+with three pure methods over its parameters and its state (pytrees). The loop never looks
+inside them, so adding a method never touches the loop.
+
+Positions: after the prefill the target cache holds the prompt, and `pending` (the first
+generated token, at position end_B) is committed but not yet cached. Each step the drafter
+proposes d_1..d_K to follow `pending`; the target scores the window [pending, d_1..d_K] at
+positions end_B..end_B+K; m drafts are accepted and the target adds one token y, so the
+committed length grows by m + 1 and `pending` becomes y.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import jax
+from flax import struct
+
+from specjax.decoding.sampling import Sampler
+from specjax.models import TransformerOutput
+
+
+@struct.dataclass
+class Prefill:
+  tokens_BxP: jax.Array  # right-padded prompts
+  lens_B: jax.Array
+  output: TransformerOutput  # the target's pass over the prompts (features as requested)
+  cache_len: int = struct.field(pytree_node=False)
+
+
+@struct.dataclass
+class Context:
+  seq_BxS: jax.Array  # committed tokens by position (prompt, then generated)
+  end_B: jax.Array  # position of `pending` = number of target-cached positions
+  pending_B: jax.Array
+
+
+@struct.dataclass
+class Verified:
+  window_BxK1: jax.Array  # [pending, d_1..d_K] as scored by the target
+  start_B: jax.Array  # position of window[:, 0] (the end_B of the Context)
+  num_accepted_B: jax.Array  # m in 0..K
+  next_B: jax.Array  # the target's token after the accepted drafts (the new pending)
+  output: TransformerOutput  # the target's verify pass over the window
+  active_B: jax.Array  # rows that were still generating this step
+
+
+@dataclasses.dataclass(frozen=True)
+class Drafter(abc.ABC):
+  num_draft_tokens: int  # K
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    """Target residual-stream layers this drafter reads from the prefill and verify passes."""
+    return ()
+
+  @abc.abstractmethod
+  def init(self, params, target, prefill: Prefill):
+    """Drafter state after the target's prefill."""
+
+  @abc.abstractmethod
+  def propose(self, params, target, state, ctx: Context, sampler: Sampler, rng):
+    """Returns (drafts_BxK int32, q_BxKxV or None, state). q None means single-token
+    proposals (one-hot q); otherwise q is the processed distribution each draft came from."""
+
+  @abc.abstractmethod
+  def commit(self, params, target, state, verified: Verified):
+    """State after verification: keep what the accepted tokens justify, drop the rest."""

@@ -1,0 +1,38 @@
+"""Method names -> drafters. Each entry builds (drafter, drafter params) for a decode run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from specjax import run_dir as run_dir_lib
+from specjax.drafters.base import Drafter
+from specjax.errors import SpecjaxError
+
+
+def _prompt_lookup(cfg, target):
+  from specjax.drafters.prompt_lookup import PromptLookupDrafter
+  return PromptLookupDrafter(cfg.num_draft_tokens, max_ngram=cfg.lookup_max_ngram), None
+
+
+def _draft(cfg, target):
+  from specjax.drafters.draft_model import DraftModelDrafter
+  draft = run_dir_lib.load_transformer(cfg.run_dir, "draft")
+  return DraftModelDrafter(cfg.num_draft_tokens, graphdef=draft.graphdef), draft.params
+
+
+BUILDERS: dict[str, Callable] = {
+    "prompt_lookup": _prompt_lookup,
+    "draft": _draft,
+}
+METHODS = ("ar",) + tuple(BUILDERS)
+BLOCK_METHODS = ()  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
+
+
+def num_drafts(name: str, cfg) -> int:
+  return cfg.block_size - 1 if name in BLOCK_METHODS else cfg.num_draft_tokens
+
+
+def build(name: str, cfg, target) -> tuple[Drafter, object]:
+  if name not in BUILDERS:
+    raise SpecjaxError(f"unknown method '{name}'; known: {', '.join(METHODS)}")
+  return BUILDERS[name](cfg, target)

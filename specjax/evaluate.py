@@ -1,0 +1,244 @@
+"""The evaluation harness behind decode.py: every method on the same prompts, in one process.
+
+For each method: build the decoder, compile it on the first batch (warm-up), then time all
+batches. Writes the metrics of SPEC section 4 to `output_json`, a plot of per-position
+acceptance beside it, and prints one table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+import numpy as np
+
+from specjax import accounting, costs
+from specjax import run_dir as run_dir_lib
+from specjax.data import prompts as prompts_lib
+from specjax.data import tokenizer as tokenizer_lib
+from specjax.decoding.ar import ARDecoder
+from specjax.decoding.common import DecodeResult, check_fits, pad_prompts, to_lists
+from specjax.decoding.sampling import Sampler
+from specjax.decoding.speculative import SpeculativeDecoder
+from specjax.drafters import registry
+from specjax.errors import SpecjaxError
+
+
+def parse_methods(text) -> list[str]:
+  names = [m.strip() for m in (text.split(",") if isinstance(text, str) else text) if m.strip()]
+  if not names:
+    raise SpecjaxError("--config.methods is empty; e.g. --config.methods=ar,prompt_lookup,draft")
+  for n in names:
+    if n not in registry.METHODS:
+      raise SpecjaxError(f"unknown method '{n}'; known: {', '.join(registry.METHODS)}")
+  # AR runs first, always: it is the baseline for speedup and losslessness.
+  return ["ar"] + [n for n in dict.fromkeys(names) if n != "ar"]
+
+
+def distinct_ngram_ratio(outputs: list[list[int]], n: int = 4) -> float:
+  """Distinct n-grams over all n-grams, per output, summed: low means repetition."""
+  distinct = total = 0
+  for ids in outputs:
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    distinct += len(set(grams))
+    total += len(grams)
+  return distinct / total if total else float("nan")
+
+
+def lookahead(method: str, cfg) -> int:
+  """Draft tokens per step for a method (0 for AR)."""
+  if method == "ar":
+    return 0
+  return registry.num_drafts(method, cfg)
+
+
+def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int):
+  """(decoder, drafter, drafter params); AR has no drafter."""
+  if method == "ar":
+    return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id), None, None
+  drafter, params = registry.build(method, cfg, target)
+  decoder = SpeculativeDecoder(target.graphdef, drafter, sampler, cfg.max_new_tokens, cache_len,
+                               eos_id)
+  return decoder, drafter, params
+
+
+def run_batches(call, batches, rng) -> tuple[list[DecodeResult], float]:
+  """Runs every batch (after one warm-up call that compiles) and returns results and wall."""
+  jax.block_until_ready(call(*batches[0], rng))
+  results = []
+  t0 = time.perf_counter()
+  for i, (tokens, lens) in enumerate(batches):
+    results.append(call(tokens, lens, jax.random.fold_in(rng, i)))
+  jax.block_until_ready(results)
+  return [jax.device_get(r) for r in results], time.perf_counter() - t0
+
+
+def summarize(method, results, wall, batch_sizes, eos_id, k):
+  counts = np.sum([np.asarray(r.accept_counts) for r in results], axis=0)
+  outputs, generated = [], 0
+  for r, real in zip(results, batch_sizes):
+    rows = to_lists(r, eos_id)[:real]
+    outputs.extend(rows)
+    generated += int(np.asarray(r.num_tokens_B)[:real].sum())
+  if method == "ar":
+    acceptance, tau = [], 1.0
+  else:
+    acceptance = accounting.acceptance_from_counts(counts)
+    tau = accounting.measured_tau(counts)
+  finite = [a if not math.isnan(a) else 0.0 for a in acceptance]
+  return outputs, {
+      "tau": tau,
+      "acceptance_per_position": acceptance,
+      "prefix_acceptance": accounting.prefix_products(finite),
+      "tau_predicted": accounting.expected_tokens(finite),
+      "accept_histogram": [int(c) for c in counts],
+      "tokens_per_second": generated / wall,
+      "wall_seconds": wall,
+      "target_calls": int(sum(int(r.target_calls) for r in results)),
+      "generated_tokens": generated,
+      "num_draft_tokens": k,
+  }
+
+
+def evaluate(cfg) -> dict:
+  methods = parse_methods(cfg.methods)
+  sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
+  if cfg.max_new_tokens < 1:
+    raise SpecjaxError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+  if cfg.batch_size < 1:
+    raise SpecjaxError(f"batch_size must be >= 1, got {cfg.batch_size}")
+  target = run_dir_lib.load_target(cfg.run_dir)
+  tok = run_dir_lib.load_tokenizer(cfg.run_dir)
+  texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
+  ids = [tokenizer_lib.encode(tok, t) for t in texts]
+  tokens, lens = pad_prompts(ids, tokenizer_lib.PAD_ID)
+  max_k = max(lookahead(m, cfg) for m in methods)
+  check_fits(lens, cfg.max_new_tokens, max_k, cfg.cache_len)
+
+  # one padded width and batch shape for every batch: a single compilation per method
+  batches, batch_sizes = [], []
+  for start in range(0, len(ids), cfg.batch_size):
+    rows = list(range(start, min(start + cfg.batch_size, len(ids))))
+    batch_sizes.append(len(rows))
+    rows += [rows[-1]] * (cfg.batch_size - len(rows))
+    batches.append((tokens[rows], lens[rows]))
+
+  rng = jax.random.key(cfg.seed)
+  report = {}
+  ar_outputs = None
+  for method in methods:
+    decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len,
+                                             tokenizer_lib.EOS_ID)
+    if drafter is None:
+      call = lambda t, l, r, d=decoder: d(target.params, t, l, r)
+    else:
+      call = lambda t, l, r, d=decoder, p=dparams: d(target.params, p, t, l, r)
+    print(f"[decode] {method}: compiling and running {len(texts)} prompts", flush=True)
+    results, wall = run_batches(call, batches, rng)
+    k = lookahead(method, cfg)
+    outputs, metrics = summarize(method, results, wall, batch_sizes, tokenizer_lib.EOS_ID, k)
+    if method == "ar":
+      ar_outputs = outputs
+    mismatches = sum(a != b for a, b in zip(outputs, ar_outputs))
+    entry = {
+        "method": method,
+        "num_prompts": len(texts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "batch_size": cfg.batch_size,
+        **metrics,
+        "distinct_4gram": distinct_ngram_ratio(outputs),
+        "lossless_check": (mismatches == 0) if sampler.greedy else None,
+        "mismatched_outputs": mismatches if sampler.greedy else None,
+        "outputs": [{"prompt": p, "token_ids": o, "text": tokenizer_lib.decode(tok, o)}
+                    for p, o in zip(texts, outputs)],
+    }
+    if method in registry.BLOCK_METHODS:
+      entry["block_size"] = cfg.block_size
+    if cfg.measure_costs:
+      entry.update(step_costs(cfg, target, drafter, dparams, sampler, lens, k))
+    report[method] = entry
+  ar_tps = report["ar"]["tokens_per_second"]
+  for entry in report.values():
+    entry["speedup_vs_ar"] = entry["tokens_per_second"] / ar_tps
+    entry["config"] = json.loads(cfg.to_json_best_effort())
+  return {"methods": report}
+
+
+def step_costs(cfg, target, drafter, dparams, sampler, lens, k) -> dict:
+  """T_ar, T_verify(K+1), T_draft(K) at this batch size and the predicted speedup."""
+  context = int(np.mean(lens)) + cfg.max_new_tokens // 2
+  kw = dict(batch=cfg.batch_size, context_len=context, cache_len=cfg.cache_len)
+  t = costs.verify_costs(target.graphdef, target.params, ns=sorted({1, k + 1}), **kw)
+  t_draft = 0.0 if drafter is None else costs.draft_cost(
+      target.graphdef, target.params, drafter, dparams, sampler=sampler, **kw)
+  return {"t_ar": t[1], "t_verify": t[k + 1], "t_draft": t_draft}
+
+
+def add_predicted_speedups(report: dict):
+  for entry in report["methods"].values():
+    if "t_ar" in entry:
+      entry["speedup_predicted"] = accounting.predicted_speedup(
+          entry["tau"], entry["t_ar"], entry["t_draft"], entry["t_verify"])
+
+
+def format_table(report: dict) -> str:
+  cols = ("method", "K", "tau", "tau_pred", "tok/s", "speedup", "pred", "lossless", "dist4")
+  rows = [cols]
+  for name, e in report["methods"].items():
+    lossless = "-" if e["lossless_check"] is None else ("yes" if e["lossless_check"] else
+                                                      f"NO ({e['mismatched_outputs']})")
+    rows.append((name, str(e.get("block_size", e["num_draft_tokens"])), f"{e['tau']:.2f}",
+                 f"{e['tau_predicted']:.2f}", f"{e['tokens_per_second']:.1f}",
+                 f"{e['speedup_vs_ar']:.2f}x",
+                 f"{e['speedup_predicted']:.2f}x" if "speedup_predicted" in e else "-",
+                 lossless, f"{e['distinct_4gram']:.2f}"))
+  widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def plot_acceptance(report: dict, path: str):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+  for name, e in report["methods"].items():
+    a = e["acceptance_per_position"]
+    if not a:
+      continue
+    pos = np.arange(1, len(a) + 1)
+    ax1.plot(pos, a, marker="o", label=name)
+    ax2.plot(pos, e["prefix_acceptance"], marker="o", label=name)
+  ax1.set(title="conditional acceptance a_k", xlabel="draft position k", ylim=(0, 1.05))
+  ax2.set(title="prefix acceptance P_k", xlabel="draft position k", ylim=(0, 1.05))
+  for ax in (ax1, ax2):
+    ax.grid(alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def output_path(cfg) -> str:
+  if cfg.output_json:
+    return os.path.abspath(os.path.expanduser(cfg.output_json))
+  return os.path.join(run_dir_lib.resolve(cfg.run_dir), "decode",
+                      f"t{cfg.temperature:g}.json")
+
+
+def main(cfg):
+  report = evaluate(cfg)
+  add_predicted_speedups(report)
+  path = output_path(cfg)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(report, f, indent=1)
+  if cfg.plot:
+    plot_acceptance(report, os.path.splitext(path)[0] + ".png")
+  print(format_table(report))
+  print(f"[decode] wrote {path}", flush=True)
+  return report

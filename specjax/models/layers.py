@@ -1,0 +1,195 @@
+"""Transformer pieces shared by the target and every drafter: RMSNorm, RoPE, GQA attention, SwiGLU.
+
+Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`,
+`vocab`, `norm`); `specjax.sharding` maps them onto mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.models.kv_cache import LayerKV, write_rows
+
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Llama/Qwen3-style decoder shape. Hashable, so it can be a static jit argument."""
+
+  vocab_size: int
+  num_layers: int
+  d_model: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float = 10_000.0
+  qk_norm: bool = True
+  tie_embeddings: bool = True
+  norm_eps: float = 1e-6
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+      )
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def weight_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+
+def param(rngs: nnx.Rngs, init, shape, names, dtype) -> nnx.Param:
+  """A parameter with logical axis names as metadata (placement happens under jit)."""
+  return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=names, eager_sharding=False)
+
+
+def fan_in_init(in_axis, out_axis):
+  return nnx.initializers.variance_scaling(
+      1.0, "fan_in", "truncated_normal", in_axis=in_axis, out_axis=out_axis
+  )
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, *, eps: float, param_dtype, rngs: nnx.Rngs):
+    del rngs
+    self.eps = eps
+    self.scale = nnx.Param(
+        jnp.ones((dim,), param_dtype), out_sharding=("norm",), eager_sharding=False
+    )
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale.value.astype(jnp.float32)).astype(x.dtype)
+
+
+def apply_rope(x_BxTxNxH, positions_BxT, theta: float):
+  """Rotary embedding, half-split convention (Llama/Qwen checkpoints use it)."""
+  half = x_BxTxNxH.shape[-1] // 2
+  inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angles_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
+  sin = jnp.sin(angles_BxTxF)[:, :, None, :]
+  cos = jnp.cos(angles_BxTxF)[:, :, None, :]
+  x = x_BxTxNxH.astype(jnp.float32)
+  x1, x2 = x[..., :half], x[..., half:]
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxH.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with optional Qwen3 q/k norm.
+
+  Exposes its parts (`queries`, `keys_values`, `attend`) so that drafters can compute keys
+  and values from other inputs (DFlash's KV injection) with the same weights layout.
+  """
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, h, k, hd, pd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.weight_dtype
+    self.wq = param(rngs, fan_in_init(0, (1, 2)), (d, h, hd), ("embed", "heads", "head_dim"), pd)
+    self.wk = param(rngs, fan_in_init(0, (1, 2)), (d, k, hd), ("embed", "kv_heads", "head_dim"), pd)
+    self.wv = param(rngs, fan_in_init(0, (1, 2)), (d, k, hd), ("embed", "kv_heads", "head_dim"), pd)
+    self.wo = param(rngs, fan_in_init((0, 1), 2), (h, hd, d), ("heads", "head_dim", "embed"), pd)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+      self.k_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+
+  def _w(self, p):
+    return p.value.astype(self.cfg.compute_dtype)
+
+  def queries(self, x_BxTxD, positions_BxT):
+    q = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wq))
+    if self.cfg.qk_norm:
+      q = self.q_norm(q)
+    return apply_rope(q, positions_BxT, self.cfg.rope_theta)
+
+  def keys_values(self, x_BxTxD, positions_BxT):
+    k = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wk))
+    v = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wv))
+    if self.cfg.qk_norm:
+      k = self.k_norm(k)
+    return apply_rope(k, positions_BxT, self.cfg.rope_theta), v
+
+  def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+    b, t, n, hd = q_BxTxNxH.shape
+    kv = k_BxSxKxH.shape[2]
+    q = q_BxTxNxH.reshape(b, t, kv, n // kv, hd)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH).astype(jnp.float32)
+    scores = scores * (hd**-0.5)
+    scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH).reshape(b, t, n, hd)
+    return jnp.einsum("btnh,nhd->btd", out, self._w(self.wo))
+
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: LayerKV | None = None,
+               write_start_B=None):
+    q = self.queries(x_BxTxD, positions_BxT)
+    k, v = self.keys_values(x_BxTxD, positions_BxT)
+    if cache is not None:
+      cache = LayerKV(
+          write_rows(cache.k_BxSxKxH, k, write_start_B),
+          write_rows(cache.v_BxSxKxH, v, write_start_B),
+      )
+      k, v = cache.k_BxSxKxH, cache.v_BxSxKxH
+    return self.attend(q, k, v, mask_BxTxS), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    d, f, pd = cfg.d_model, cfg.mlp_dim, cfg.weight_dtype
+    self.w_gate = param(rngs, fan_in_init(0, 1), (d, f), ("embed", "mlp"), pd)
+    self.w_up = param(rngs, fan_in_init(0, 1), (d, f), ("embed", "mlp"), pd)
+    self.w_down = param(rngs, fan_in_init(0, 1), (f, d), ("mlp", "embed"), pd)
+
+  def __call__(self, x_BxTxD):
+    dt = self.cfg.compute_dtype
+    gate = jax.nn.silu(x_BxTxD @ self.w_gate.value.astype(dt))
+    return (gate * (x_BxTxD @ self.w_up.value.astype(dt))) @ self.w_down.value.astype(dt)
+
+
+class Block(nnx.Module):
+  """Pre-norm decoder block: x + Attn(norm(x)), then + MLP(norm(x))."""
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    kw = dict(eps=cfg.norm_eps, param_dtype=cfg.weight_dtype, rngs=rngs)
+    self.attn_norm = RMSNorm(cfg.d_model, **kw)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, **kw)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache=None, write_start_B=None):
+    attn_out, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, mask_BxTxS, cache,
+                                write_start_B)
+    x_BxTxD = x_BxTxD + attn_out
+    return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
+
+
+def causal_segment_mask(segment_ids_BxT):
+  """Training mask: causal by index, and only within the same packed document."""
+  t = segment_ids_BxT.shape[1]
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  same = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+  return causal[None] & same
+
+
+def cache_mask(query_positions_BxT, cache_length: int):
+  """Decode mask: cache slot j holds position j; a query at position p sees j <= p."""
+  return jnp.arange(cache_length)[None, None, :] <= query_positions_BxT[:, :, None]

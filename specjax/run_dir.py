@@ -1,0 +1,123 @@
+"""The run-directory convention (SPEC section 7): run_dir/target/, run_dir/<method>/.
+
+Each model folder holds `config.json` (the resolved config), `checkpoints/`,
+`metrics.jsonl` and, for the target, `tokenizer.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import ml_collections
+from flax import nnx
+
+from specjax.checkpoint import Checkpoints
+from specjax.data import tokenizer as tokenizer_lib
+from specjax.errors import SpecjaxError
+from specjax.models import Transformer, TransformerConfig
+
+TRAIN_COMMANDS = {
+    "target": "python train.py --config=configs/target_tiny.py --config.run_dir={run_dir}",
+    "draft": "python train.py --config=configs/draft_tiny.py --config.run_dir={run_dir}",
+    "mtp_parallel": "python train.py --config=configs/mtp_tiny.py --config.variant=parallel "
+                    "--config.run_dir={run_dir}",
+    "mtp_sequential": "python train.py --config=configs/mtp_tiny.py --config.variant=sequential "
+                      "--config.run_dir={run_dir}",
+    "dflash": "python train.py --config=configs/dflash_tiny.py --config.run_dir={run_dir}",
+}
+
+
+def resolve(run_dir: str) -> str:
+  return os.path.abspath(os.path.expanduser(run_dir))
+
+
+def model_dir(run_dir: str, name: str) -> str:
+  return os.path.join(resolve(run_dir), name)
+
+
+def require_model_dir(run_dir: str, name: str) -> str:
+  """The folder of a trained model, or an error that names the command that trains it."""
+  path = model_dir(run_dir, name)
+  if not os.path.isdir(resolve(run_dir)):
+    raise SpecjaxError(f"run directory {resolve(run_dir)} does not exist; train the target "
+                       f"first: {TRAIN_COMMANDS['target'].format(run_dir=run_dir)}")
+  ckpts = os.path.join(path, "checkpoints")
+  if not os.path.isdir(ckpts) or not any(s.isdigit() for s in os.listdir(ckpts)):
+    cmd = TRAIN_COMMANDS.get(name, f"python train.py --config=configs/{name}_tiny.py "
+                                   "--config.run_dir={run_dir}").format(run_dir=run_dir)
+    raise SpecjaxError(f"no trained '{name}' model in {path}; train it with: {cmd}")
+  return path
+
+
+def save_config(cfg: ml_collections.ConfigDict, path: str):
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+      f.write(cfg.to_json_best_effort(indent=2, sort_keys=True))
+
+
+def load_config(folder: str) -> ml_collections.ConfigDict:
+  path = os.path.join(folder, "config.json")
+  if not os.path.exists(path):
+    raise SpecjaxError(f"{path} is missing; retrain the model in {folder}")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def transformer_config(model_cfg, vocab_size: int) -> TransformerConfig:
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)} - {"vocab_size"}
+  unknown = set(model_cfg.keys()) - fields
+  if unknown:
+    raise SpecjaxError(f"unknown model config keys {sorted(unknown)}; known: {sorted(fields)}")
+  try:
+    return TransformerConfig(vocab_size=vocab_size, **model_cfg.to_dict())
+  except (TypeError, ValueError) as e:
+    raise SpecjaxError(f"bad model config: {e}") from None
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A trained transformer: static config, graph definition and (placed) parameters."""
+  config: ml_collections.ConfigDict
+  model_cfg: TransformerConfig
+  graphdef: nnx.GraphDef
+  params: nnx.State
+
+  def module(self):
+    return nnx.merge(self.graphdef, self.params)
+
+
+def abstract_transformer(model_cfg: TransformerConfig):
+  return nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def load_tokenizer(run_dir: str):
+  folder = require_model_dir(run_dir, "target")
+  return tokenizer_lib.load_tokenizer(os.path.join(folder, "tokenizer.json"))
+
+
+def restore_params(folder: str, abstract):
+  """Newest parameters in folder/checkpoints, in the shapes (and shardings) of `abstract`."""
+  ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
+  try:
+    return ckpt.restore_params(abstract)
+  finally:
+    ckpt.close()
+
+
+def load_transformer(run_dir: str, name: str = "target") -> LoadedModel:
+  """A trained transformer (the target, or a drafter that is one) from run_dir/<name>/.
+  Its vocabulary is the target's tokenizer's."""
+  folder = require_model_dir(run_dir, name)
+  cfg = load_config(folder)
+  vocab = load_tokenizer(run_dir).get_vocab_size()
+  model_cfg = transformer_config(cfg.model, vocab)
+  graphdef, abstract = abstract_transformer(model_cfg)
+  return LoadedModel(cfg, model_cfg, graphdef, restore_params(folder, abstract))
+
+
+def load_target(run_dir: str) -> LoadedModel:
+  return load_transformer(run_dir, "target")

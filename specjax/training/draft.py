@@ -1,0 +1,62 @@
+"""Training the draft model: a small autoregressive LM with the target's tokenizer.
+
+Plain next-token cross-entropy on the data, or (distill=True) KL(p_target || p_draft) against
+the frozen target's logits, so the drafter learns the distribution it must match.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax import run_dir as run_dir_lib
+from specjax.models import Transformer
+from specjax.training.loop import TrainTask, train
+from specjax.training.target import data_for, masked_cross_entropy
+
+
+def distill_kl(student_logits, teacher_logits, mask_BxT):
+  """Mean over masked positions of KL(teacher || student), both float32."""
+  t_logp = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits), -1)
+  s_logp = jax.nn.log_softmax(student_logits, -1)
+  kl = (jnp.exp(t_logp) * (t_logp - s_logp)).sum(-1)
+  return (kl * mask_BxT).sum() / jnp.maximum(mask_BxT.sum(), 1.0)
+
+
+def draft_loss(graphdef, target_graphdef, distill: bool):
+  def loss_fn(params, target_params, batch, rng):
+    del rng
+    kw = dict(positions_BxT=batch["positions"], segment_ids_BxT=batch["segment_ids"])
+    logits = nnx.merge(graphdef, params)(batch["tokens"], **kw).logits_BxTxV
+    loss, metrics = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
+    if distill:
+      teacher = nnx.merge(target_graphdef, target_params)(batch["tokens"], **kw).logits_BxTxV
+      loss = distill_kl(logits, teacher, batch["loss_mask"])
+      metrics = {**metrics, "kl": loss}
+    return loss, metrics
+  return loss_fn
+
+
+def train_draft(cfg):
+  target = run_dir_lib.load_target(cfg.run_dir)
+  tok = run_dir_lib.load_tokenizer(cfg.run_dir)
+  model_cfg = run_dir_lib.transformer_config(cfg.model, tok.get_vocab_size())
+  run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, "draft"),
+                                            "config.json"))
+  graphdef, _ = run_dir_lib.abstract_transformer(model_cfg)
+  train_ds, val = data_for(cfg, tok)
+
+  def init_params(rng):
+    return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(rng)), nnx.Param)
+
+  n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
+  print(f"[draft] {n / 1e6:.2f}M parameters ({'distilled from the target' if cfg.distill else 'next-token loss'})", flush=True)
+  task = TrainTask(name="draft", init_params=init_params,
+                   loss_fn=draft_loss(graphdef, target.graphdef, cfg.distill),
+                   train_data=train_ds, eval_data=val,
+                   frozen=target.params if cfg.distill else None,
+                   summary={"num_params": int(n)})
+  return train(cfg, task)

@@ -1,0 +1,18 @@
+"""config.method -> the function that trains it."""
+
+from __future__ import annotations
+
+from specjax.errors import SpecjaxError
+
+
+def trainers():
+  from specjax.training.draft import train_draft
+  from specjax.training.target import train_target
+  return {"target": train_target, "draft": train_draft}
+
+
+def train(cfg):
+  table = trainers()
+  if cfg.method not in table:
+    raise SpecjaxError(f"unknown method '{cfg.method}' in the config; known: {sorted(table)}")
+  return table[cfg.method](cfg)
