@@ -35,7 +35,8 @@ _warned: set[str] = set()
 
 
 def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh over all (or the given) devices; one axis may be -1 (fill)."""
+  """A mesh over the devices; one axis may be -1 (fill with all remaining devices).
+  Without -1 the mesh may use fewer devices than there are (the first ones)."""
   devices = list(jax.devices() if devices is None else devices)
   names = tuple(mesh_shape.keys())
   sizes = [int(mesh_shape[n]) for n in names]
@@ -48,6 +49,8 @@ def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | Non
           f"mesh_shape {dict(mesh_shape)} does not divide {len(devices)} devices; "
           "change --config.mesh_shape")
     sizes[sizes.index(-1)] = len(devices) // known
+  if -1 not in [int(mesh_shape[n]) for n in names] and math.prod(sizes) < len(devices):
+    devices = devices[:math.prod(sizes)]
   if math.prod(sizes) != len(devices):
     raise SpecjaxError(
         f"mesh_shape {dict(zip(names, sizes))} needs {math.prod(sizes)} devices but "
@@ -91,8 +94,8 @@ def state_shardings(abstract_state, mesh: Mesh, rules=DEFAULT_RULES):
 
   def one(x):
     if isinstance(x, nnx.Variable):
-      names = x.get_metadata().get("out_sharding") or (None,) * len(x.value.shape)
-      spec = logical_to_mesh(names, rules, mesh, x.value.shape)
+      names = x.get_metadata().get("out_sharding") or (None,) * len(x.shape)
+      spec = logical_to_mesh(names, rules, mesh, x.shape)
       return x.replace(NamedSharding(mesh, spec))
     return NamedSharding(mesh, P())
 

@@ -35,6 +35,7 @@ class ARDecoder:
   max_new_tokens: int
   cache_len: int
   eos_id: int
+  keep_cache: bool = False  # return the final target cache (tests inspect it)
 
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(self, params, tokens_BxP, lens_B, rng) -> DecodeResult:
@@ -65,4 +66,5 @@ class ARDecoder:
     return DecodeResult(
         tokens_BxN=final.out_BxN[:, :self.max_new_tokens], num_tokens_B=final.count_B,
         target_calls=final.target_calls, verify_steps_B=final.steps_B,
-        accept_counts=jnp.stack([final.steps_B.sum()]))
+        accept_counts=jnp.stack([final.steps_B.sum()]),
+        cache=final.cache if self.keep_cache else None)

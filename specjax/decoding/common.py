@@ -18,6 +18,7 @@ class DecodeResult:
   target_calls: jax.Array  # target forward passes, the prefill included
   verify_steps_B: jax.Array  # target passes after the prefill in which the row was active
   accept_counts: jax.Array  # [K+1]: how many (row, step) pairs accepted m = 0..K drafts
+  cache: object = None  # the final target KV cache, when the decoder has keep_cache=True
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 16):

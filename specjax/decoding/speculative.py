@@ -45,6 +45,7 @@ class SpeculativeDecoder:
   max_new_tokens: int
   cache_len: int
   eos_id: int
+  keep_cache: bool = False  # return the final target cache (tests inspect it)
 
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(self, target_params, drafter_params, tokens_BxP, lens_B, rng) -> DecodeResult:
@@ -102,4 +103,4 @@ class SpeculativeDecoder:
     return DecodeResult(
         tokens_BxN=final.out_BxN[:, :self.max_new_tokens], num_tokens_B=final.count_B,
         target_calls=final.target_calls, verify_steps_B=final.steps_B,
-        accept_counts=final.accept_counts)
+        accept_counts=final.accept_counts, cache=final.cache if self.keep_cache else None)

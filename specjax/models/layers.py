@@ -75,7 +75,7 @@ class RMSNorm(nnx.Module):
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale.value.astype(jnp.float32)).astype(x.dtype)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
 def apply_rope(x_BxTxNxH, positions_BxT, theta: float):
@@ -110,7 +110,7 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
 
   def _w(self, p):
-    return p.value.astype(self.cfg.compute_dtype)
+    return p[...].astype(self.cfg.compute_dtype)
 
   def queries(self, x_BxTxD, positions_BxT):
     q = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wq))
@@ -161,8 +161,8 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BxTxD):
     dt = self.cfg.compute_dtype
-    gate = jax.nn.silu(x_BxTxD @ self.w_gate.value.astype(dt))
-    return (gate * (x_BxTxD @ self.w_up.value.astype(dt))) @ self.w_down.value.astype(dt)
+    gate = jax.nn.silu(x_BxTxD @ self.w_gate[...].astype(dt))
+    return (gate * (x_BxTxD @ self.w_up[...].astype(dt))) @ self.w_down[...].astype(dt)
 
 
 class Block(nnx.Module):

@@ -37,7 +37,8 @@ class Transformer(nnx.Module):
     self.cfg = cfg
     pd = cfg.weight_dtype
     self.embedding = param(
-        rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.d_model), ("vocab", "embed"), pd
+        rngs, nnx.initializers.normal(cfg.d_model**-0.5), (cfg.vocab_size, cfg.d_model),
+        ("vocab", "embed"), pd
     )
     self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
@@ -47,14 +48,14 @@ class Transformer(nnx.Module):
       )
 
   def embed(self, tokens_BxT):
-    return jnp.take(self.embedding.value, tokens_BxT, axis=0).astype(self.cfg.compute_dtype)
+    return jnp.take(self.embedding[...], tokens_BxT, axis=0).astype(self.cfg.compute_dtype)
 
   def logits(self, hidden_BxTxD):
     """LM head (tied or not); logits are float32."""
     if self.cfg.tie_embeddings:
-      w_DxV = self.embedding.value.T
+      w_DxV = self.embedding[...].T
     else:
-      w_DxV = self.lm_head.value
+      w_DxV = self.lm_head[...]
     return jnp.einsum("btd,dv->btv", hidden_BxTxD, w_DxV.astype(self.cfg.compute_dtype)).astype(
         jnp.float32
     )

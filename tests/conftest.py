@@ -1,0 +1,105 @@
+"""Shared fixtures: 8 fake CPU devices, a tiny corpus, tiny configs and a tiny trained run."""
+
+import os
+
+# Must precede the first jax import: sharding tests use an 8-device CPU mesh.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import importlib.util
+import shutil
+import sys
+
+import jax
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+jax.config.update("jax_default_matmul_precision", "float32")
+
+from specjax.data import python_source  # noqa: E402
+
+
+def load_config(name):
+  path = os.path.join(ROOT, "configs", name)
+  spec = importlib.util.spec_from_file_location(name[:-3], path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+  """40 small standard-library modules: real Python text, no network."""
+  src = python_source.stdlib_dir()
+  files = python_source.list_source_files(src)
+  files = sorted(files, key=lambda f: (os.path.getsize(os.path.join(src, f)), f))
+  picked = [f for f in files if os.path.getsize(os.path.join(src, f)) > 2000][:40]
+  out = tmp_path_factory.mktemp("corpus")
+  for f in picked:
+    dst = out / f.replace(os.sep, "__")
+    shutil.copy(os.path.join(src, f), dst)
+  return str(out)
+
+
+def tiny_train_config(name, run_dir, corpus_dir, tfds_dir, **overrides):
+  cfg = load_config(name)
+  cfg.run_dir = str(run_dir)
+  cfg.data.source_dir = corpus_dir
+  cfg.data.tfds_dir = str(tfds_dir)
+  cfg.data.vocab_size = 320
+  cfg.data.shuffle_window = 16
+  cfg.num_steps = 12
+  cfg.batch_size = 8
+  cfg.seq_len = 32
+  cfg.log_every = 4
+  cfg.eval_every = 4
+  cfg.eval_batches = 2
+  cfg.save_every = 4
+  cfg.warmup_steps = 2
+  cfg.mesh_shape = {"data": 1, "fsdp": 1, "tensor": 1}  # one fake device: fast on 2 cores
+  if "model" in cfg:
+    cfg.model.update(dict(num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                          mlp_dim=64))
+  for key, value in overrides.items():
+    node = cfg
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return cfg
+
+
+@pytest.fixture(scope="session")
+def tfds_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, corpus_dir, tfds_dir):
+  """A run directory with a tiny trained target and draft model."""
+  from specjax.training import registry
+  run_dir = tmp_path_factory.mktemp("run")
+  registry.train(tiny_train_config("target_tiny.py", run_dir, corpus_dir, tfds_dir,
+                                   num_steps=120, learning_rate=1e-2, eval_every=40,
+                                   log_every=20))
+  registry.train(tiny_train_config("draft_tiny.py", run_dir, corpus_dir, tfds_dir,
+                                   num_steps=8, **{"model.num_layers": 1}))
+  return str(run_dir)
+
+
+def jitted(model):
+  """model(tokens, **kw) under jax.jit (eager NNX calls are slow on CPU)."""
+  import functools
+
+  from flax import nnx
+  graphdef, state = nnx.split(model)
+
+  @functools.partial(jax.jit, static_argnames=("feature_layers", "compute_logits"))
+  def call(state, tokens, **kw):
+    return nnx.merge(graphdef, state)(tokens, **kw)
+
+  return lambda tokens, **kw: call(state, tokens, **kw)
