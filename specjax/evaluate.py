@@ -65,15 +65,20 @@ def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos
   return decoder, drafter, params
 
 
-def run_batches(call, batches, rng) -> tuple[list[DecodeResult], float]:
-  """Runs every batch (after one warm-up call that compiles) and returns results and wall."""
+def run_batches(call, batches, rng, repeats: int = 2) -> tuple[list[DecodeResult], float]:
+  """Runs every batch after one warm-up call (compilation) and returns the results and the
+  fastest of `repeats` timed passes: the first pass of a process runs cold, and noise only
+  ever adds time. Outputs are identical across passes (same keys)."""
   jax.block_until_ready(call(*batches[0], rng))
-  results = []
-  t0 = time.perf_counter()
-  for i, (tokens, lens) in enumerate(batches):
-    results.append(call(tokens, lens, jax.random.fold_in(rng, i)))
-  jax.block_until_ready(results)
-  return [jax.device_get(r) for r in results], time.perf_counter() - t0
+  walls = []
+  for _ in range(max(1, repeats)):
+    results = []
+    t0 = time.perf_counter()
+    for i, (tokens, lens) in enumerate(batches):
+      results.append(call(tokens, lens, jax.random.fold_in(rng, i)))
+    jax.block_until_ready(results)
+    walls.append(time.perf_counter() - t0)
+  return [jax.device_get(r) for r in results], min(walls)
 
 
 def summarize(method, results, wall, batch_sizes, eos_id, k):
@@ -98,69 +103,89 @@ def summarize(method, results, wall, batch_sizes, eos_id, k):
       "tokens_per_second": generated / wall,
       "wall_seconds": wall,
       "target_calls": int(sum(int(r.target_calls) for r in results)),
+      # wall time per loop iteration (one target pass + drafting + bookkeeping), measured
+      "seconds_per_step": wall / max(1, sum(int(r.target_calls) for r in results)),
       "generated_tokens": generated,
       "num_draft_tokens": k,
   }
 
 
-def evaluate(cfg) -> dict:
-  methods = parse_methods(cfg.methods)
-  sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
-  if cfg.max_new_tokens < 1:
-    raise SpecjaxError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
-  if cfg.batch_size < 1:
-    raise SpecjaxError(f"batch_size must be >= 1, got {cfg.batch_size}")
-  target = run_dir_lib.load_target(cfg.run_dir)
-  tok = run_dir_lib.load_tokenizer(cfg.run_dir)
-  texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
-  ids = [tokenizer_lib.encode(tok, t) for t in texts]
-  tokens, lens = pad_prompts(ids, tokenizer_lib.PAD_ID)
-  max_k = max(lookahead(m, cfg) for m in methods)
-  check_fits(lens, cfg.max_new_tokens, max_k, cfg.cache_len)
-
-  # one padded width and batch shape for every batch: a single compilation per method
-  batches, batch_sizes = [], []
-  for start in range(0, len(ids), cfg.batch_size):
-    rows = list(range(start, min(start + cfg.batch_size, len(ids))))
-    batch_sizes.append(len(rows))
-    rows += [rows[-1]] * (cfg.batch_size - len(rows))
+def make_batches(tokens, lens, batch_size):
+  """Fixed-shape batches (the last one padded by repeating its last prompt) and the number of
+  real rows in each: one compilation per method."""
+  batches, real = [], []
+  for start in range(0, len(lens), batch_size):
+    rows = list(range(start, min(start + batch_size, len(lens))))
+    real.append(len(rows))
+    rows += [rows[-1]] * (batch_size - len(rows))
     batches.append((tokens[rows], lens[rows]))
+  return batches, real
 
-  rng = jax.random.key(cfg.seed)
-  report = {}
-  ar_outputs = None
-  for method in methods:
+
+class Harness:
+  """The target, tokenizer and prompts of one evaluation, shared by every method run."""
+
+  def __init__(self, cfg, methods):
+    if cfg.max_new_tokens < 1:
+      raise SpecjaxError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    if cfg.batch_size < 1:
+      raise SpecjaxError(f"batch_size must be >= 1, got {cfg.batch_size}")
+    self.sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
+    self.target = run_dir_lib.load_target(cfg.run_dir)
+    self.tok = run_dir_lib.load_tokenizer(cfg.run_dir)
+    self.texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
+    ids = [tokenizer_lib.encode(self.tok, t) for t in self.texts]
+    self.tokens, self.lens = pad_prompts(ids, tokenizer_lib.PAD_ID)
+    check_fits(self.lens, cfg.max_new_tokens, max(lookahead(m, cfg) for m in methods),
+               cfg.cache_len)
+    self.ar_outputs = None
+
+  def run(self, method: str, cfg) -> dict:
+    """Decodes every prompt with one method and returns its SPEC section 4 entry."""
+    sampler, target = self.sampler, self.target
+    batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
     decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len,
                                              tokenizer_lib.EOS_ID)
     if drafter is None:
-      call = lambda t, l, r, d=decoder: d(target.params, t, l, r)
+      call = lambda t, l, r: decoder(target.params, t, l, r)
     else:
-      call = lambda t, l, r, d=decoder, p=dparams: d(target.params, p, t, l, r)
-    print(f"[decode] {method}: compiling and running {len(texts)} prompts", flush=True)
-    results, wall = run_batches(call, batches, rng)
+      call = lambda t, l, r: decoder(target.params, dparams, t, l, r)
+    results, wall = run_batches(call, batches, jax.random.key(cfg.seed), cfg.timing_repeats)
     k = lookahead(method, cfg)
     outputs, metrics = summarize(method, results, wall, batch_sizes, tokenizer_lib.EOS_ID, k)
     if method == "ar":
-      ar_outputs = outputs
-    mismatches = sum(a != b for a, b in zip(outputs, ar_outputs))
+      self.ar_outputs = outputs
+    greedy = sampler.greedy and self.ar_outputs is not None
+    mismatches = sum(a != b for a, b in zip(outputs, self.ar_outputs)) if greedy else None
     entry = {
         "method": method,
-        "num_prompts": len(texts),
+        "num_prompts": len(self.texts),
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "batch_size": cfg.batch_size,
         **metrics,
         "distinct_4gram": distinct_ngram_ratio(outputs),
-        "lossless_check": (mismatches == 0) if sampler.greedy else None,
-        "mismatched_outputs": mismatches if sampler.greedy else None,
-        "outputs": [{"prompt": p, "token_ids": o, "text": tokenizer_lib.decode(tok, o)}
-                    for p, o in zip(texts, outputs)],
+        "lossless_check": (mismatches == 0) if greedy else None,
+        "mismatched_outputs": mismatches,
+        "outputs": [{"prompt": p, "token_ids": o, "text": tokenizer_lib.decode(self.tok, o)}
+                    for p, o in zip(self.texts, outputs)],
     }
     if method in registry.BLOCK_METHODS:
       entry["block_size"] = cfg.block_size
     if cfg.measure_costs:
-      entry.update(step_costs(cfg, target, drafter, dparams, sampler, lens, k))
-    report[method] = entry
+      entry.update(step_costs(cfg, target, drafter, dparams, sampler, self.lens, k))
+      entry["speedup_predicted"] = accounting.predicted_speedup(
+          entry["tau"], entry["t_ar"], entry["t_draft"], entry["t_verify"])
+    return entry
+
+
+def evaluate(cfg) -> dict:
+  methods = parse_methods(cfg.methods)
+  harness = Harness(cfg, methods)
+  report = {}
+  for method in methods:
+    print(f"[decode] {method}: compiling and running {len(harness.texts)} prompts", flush=True)
+    report[method] = harness.run(method, cfg)
   ar_tps = report["ar"]["tokens_per_second"]
   for entry in report.values():
     entry["speedup_vs_ar"] = entry["tokens_per_second"] / ar_tps
@@ -176,13 +201,6 @@ def step_costs(cfg, target, drafter, dparams, sampler, lens, k) -> dict:
   t_draft = 0.0 if drafter is None else costs.draft_cost(
       target.graphdef, target.params, drafter, dparams, sampler=sampler, **kw)
   return {"t_ar": t[1], "t_verify": t[k + 1], "t_draft": t_draft}
-
-
-def add_predicted_speedups(report: dict):
-  for entry in report["methods"].values():
-    if "t_ar" in entry:
-      entry["speedup_predicted"] = accounting.predicted_speedup(
-          entry["tau"], entry["t_ar"], entry["t_draft"], entry["t_verify"])
 
 
 def format_table(report: dict) -> str:
@@ -232,7 +250,6 @@ def output_path(cfg) -> str:
 
 def main(cfg):
   report = evaluate(cfg)
-  add_predicted_speedups(report)
   path = output_path(cfg)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w") as f:

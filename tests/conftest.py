@@ -74,15 +74,33 @@ def tiny_train_config(name, run_dir, corpus_dir, tfds_dir, **overrides):
 
 
 @pytest.fixture(scope="session")
+def template_corpus_dir(tmp_path_factory):
+  """Generated, highly regular Python (templated functions with random names and numbers):
+  a 30k-parameter model learns it in a hundred steps, so drafter tests see real acceptance."""
+  import random
+  rng = random.Random(0)
+  names = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+  out = tmp_path_factory.mktemp("template_corpus")
+  for f in range(24):
+    lines = []
+    for _ in range(60):
+      n, a, b = rng.choice(names), rng.randint(1, 9), rng.randint(1, 9)
+      lines.append(f"def {n}_{a}{b}(x):\n    return x * {a} + {b}\n\n")
+    (out / f"mod{f:02d}.py").write_text("".join(lines))
+  return str(out)
+
+
+@pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("tfds"))
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory, corpus_dir, tfds_dir):
-  """A run directory with a tiny trained target and draft model."""
+def tiny_run(tmp_path_factory, template_corpus_dir, tfds_dir):
+  """A run directory with a tiny target and draft model trained on the template corpus."""
   from specjax.training import registry
   run_dir = tmp_path_factory.mktemp("run")
+  corpus_dir = template_corpus_dir
   registry.train(tiny_train_config("target_tiny.py", run_dir, corpus_dir, tfds_dir,
                                    num_steps=120, learning_rate=1e-2, eval_every=40,
                                    log_every=20))

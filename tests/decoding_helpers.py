@@ -69,3 +69,56 @@ def reference_greedy(graphdef, params, prompt, max_new, eos=EOS):
 
 __all__ = ["tiny_model", "random_prompts", "run_ar", "run_spec", "reference_greedy", "to_lists",
            "EOS"]
+
+
+def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, reference,
+                  cache_len=96):
+  """Runs the draft-verify protocol by hand (greedy) and checks every proposal against
+  `reference(target, drafter_params, committed_BxS, end_B) -> drafts_BxK`, a cache-free
+  recomputation. Returns the number of proposals checked."""
+  from specjax.decoding.common import prefill as prefill_fn
+  from specjax.decoding.verify import verify_greedy
+  from specjax.drafters.base import Context, Prefill, Verified
+  from specjax.models import write_rows
+
+  tokens, lens = pad_prompts(prompts, 1)
+  tokens, lens = jnp.asarray(tokens), jnp.asarray(lens)
+
+  @jax.jit
+  def start(params, drafter_params):
+    target = nnx.merge(graphdef, params)
+    cache, out, last = prefill_fn(target, tokens, lens, cache_len, drafter.feature_layers)
+    pending = jnp.argmax(last, -1).astype(jnp.int32)
+    state = drafter.init(drafter_params, target, Prefill(tokens, lens, out, cache_len))
+    seq = jnp.zeros((tokens.shape[0], cache_len), jnp.int32).at[:, :tokens.shape[1]].set(tokens)
+    seq = write_rows(seq, pending[:, None], lens)
+    return cache, state, seq, pending
+
+  @jax.jit
+  def step(params, drafter_params, cache, state, seq, pending):
+    target = nnx.merge(graphdef, params)
+    end = cache.end_B
+    drafts, _, state = drafter.propose(drafter_params, target, state, Context(seq, end, pending),
+                                       Sampler(), jax.random.key(0))
+    window = jnp.concatenate([pending[:, None], drafts], 1)
+    out = target(window, cache=cache, feature_layers=drafter.feature_layers)
+    m, nxt = verify_greedy(out.logits_BxTxV, drafts)
+    k = drafts.shape[1]
+    new = jnp.where(jnp.arange(k + 1)[None] < m[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
+                    nxt[:, None])
+    active = jnp.ones_like(m, bool)
+    state = drafter.commit(drafter_params, target, state,
+                           Verified(window, end, m, nxt, out, active))
+    seq = write_rows(seq, new, end + 1)
+    return drafts, out.cache.rollback(end + m + 1), state, seq, nxt, m
+
+  ref = jax.jit(lambda p, dp, seq, end: reference(nnx.merge(graphdef, p), dp, seq, end))
+  cache, state, seq, pending = start(params, drafter_params)
+  accepted = []
+  for _ in range(steps):
+    expected = ref(params, drafter_params, seq, cache.end_B)
+    drafts, cache, state, seq, pending, m = step(params, drafter_params, cache, state, seq,
+                                                 pending)
+    np.testing.assert_array_equal(np.asarray(drafts), np.asarray(expected))
+    accepted.append(np.asarray(m))
+  return np.stack(accepted)

@@ -83,11 +83,11 @@ def test_missing_run_dir_and_bad_prompts_are_clear_errors(tiny_run, tmp_path):
     evaluate.evaluate(decode_config(tiny_run, tmp_path, methods="medusa"))
 
 
-def test_checkpoint_with_other_shapes_is_a_clear_error(tiny_run, tmp_path, corpus_dir,
+def test_checkpoint_with_other_shapes_is_a_clear_error(tiny_run, tmp_path, template_corpus_dir,
                                                         tfds_dir):
   run = tmp_path / "run"
   shutil.copytree(tiny_run, run)
-  cfg = tiny_train_config("target_tiny.py", run, corpus_dir, tfds_dir, num_steps=200)
+  cfg = tiny_train_config("target_tiny.py", run, template_corpus_dir, tfds_dir, num_steps=200)
   cfg.model.d_model = 48
   with pytest.raises(SpecjaxError, match="does not match the model config"):
     registry.train(cfg)

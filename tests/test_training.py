@@ -79,15 +79,10 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path, corpus_dir, tfds_di
   assert la[10]["loss"] == lb[10]["loss"]
 
 
-def test_target_loss_falls_towards_unigram_entropy(tiny_run):
-  """The tiny test target sees ~30k tokens: enough to fall well below log(V), not to beat the
-  unigram entropy (configs/target_tiny.py does that; the README gives its numbers)."""
+def test_target_learns_below_unigram_entropy(tiny_run):
   rows = losses(tiny_run)
   final = rows[max(rows)]
-  log_v = np.log(rows[0]["vocab_size"])
-  assert final["val_loss"] < log_v - 1.0
-  assert final["val_loss"] < rows[0]["val_unigram_entropy"] + 0.5
-  first = min(s for s in rows if s > 0)
-  assert final["loss"] < rows[first]["loss"]
+  assert rows[0]["val_loss"] > rows[0]["val_unigram_entropy"]  # untrained: worse than unigram
+  assert final["val_loss"] < rows[0]["val_unigram_entropy"] - 0.5
   for name in ("config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"):
     assert os.path.exists(os.path.join(tiny_run, "target", name))

@@ -20,9 +20,28 @@ def _draft(cfg, target):
   return DraftModelDrafter(cfg.num_draft_tokens, graphdef=draft.graphdef), draft.params
 
 
+def _mtp(variant):
+  def build(cfg, target):
+    from specjax.training.mtp import load_heads
+    graphdef, params, train_cfg = load_heads(cfg.run_dir, variant, target)
+    if cfg.num_draft_tokens > train_cfg.num_heads:
+      raise SpecjaxError(f"num_draft_tokens={cfg.num_draft_tokens} but mtp_{variant} was "
+                         f"trained with {train_cfg.num_heads} heads; lower --config."
+                         "num_draft_tokens or retrain with more --config.num_heads")
+    if variant == "parallel":
+      from specjax.drafters.mtp_parallel import MTPParallelDrafter
+      return MTPParallelDrafter(cfg.num_draft_tokens, graphdef=graphdef), params
+    from specjax.drafters.mtp_sequential import MTPSequentialDrafter
+    return MTPSequentialDrafter(cfg.num_draft_tokens, graphdef=graphdef,
+                                target_layers=target.model_cfg.num_layers), params
+  return build
+
+
 BUILDERS: dict[str, Callable] = {
     "prompt_lookup": _prompt_lookup,
     "draft": _draft,
+    "mtp_parallel": _mtp("parallel"),
+    "mtp_sequential": _mtp("sequential"),
 }
 METHODS = ("ar",) + tuple(BUILDERS)
 BLOCK_METHODS = ()  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens

@@ -108,8 +108,6 @@ def train(cfg, task: TrainTask):
     step = latest
     print(f"[{task.name}] resumed from step {step} in {workdir}", flush=True)
   writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"), latest)
-  if latest is None and task.summary:
-    writer.write({"step": 0, **task.summary})
 
   def train_step(params, opt_state, frozen, batch, rng):
     (_, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, frozen, batch,
@@ -132,6 +130,10 @@ def train(cfg, task: TrainTask):
     return _weighted_means([jax.device_get(eval_step(params, task.frozen,
                                                      place_batch(b, mesh, rules)))
                             for b in task.eval_data])
+
+  if latest is None:  # where training starts from: summary facts and validation at step 0
+    writer.write({"step": 0, **task.summary,
+                  **{f"val_{k}": v for k, v in evaluate(params).items()}})
 
   kill_after = int(os.environ.get(KILL_ENV, "-1"))
   base_rng = jax.random.key(cfg.seed + 1)

@@ -7,8 +7,9 @@ from specjax.errors import SpecjaxError
 
 def trainers():
   from specjax.training.draft import train_draft
+  from specjax.training.mtp import train_mtp
   from specjax.training.target import train_target
-  return {"target": train_target, "draft": train_draft}
+  return {"target": train_target, "draft": train_draft, "mtp": train_mtp}
 
 
 def train(cfg):
