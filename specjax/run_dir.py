@@ -85,6 +85,7 @@ class LoadedModel:
   model_cfg: TransformerConfig
   graphdef: nnx.GraphDef
   params: nnx.State
+  step: int = 0  # the checkpoint step the parameters come from
 
   def module(self):
     return nnx.merge(self.graphdef, self.params)
@@ -99,11 +100,12 @@ def load_tokenizer(run_dir: str):
   return tokenizer_lib.load_tokenizer(os.path.join(folder, "tokenizer.json"))
 
 
-def restore_params(folder: str, abstract):
+def restore_params(folder: str, abstract, with_step: bool = False):
   """Newest parameters in folder/checkpoints, in the shapes (and shardings) of `abstract`."""
   ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
   try:
-    return ckpt.restore_params(abstract)
+    params = ckpt.restore_params(abstract)
+    return (params, ckpt.latest_step()) if with_step else params
   finally:
     ckpt.close()
 
@@ -116,7 +118,8 @@ def load_transformer(run_dir: str, name: str = "target") -> LoadedModel:
   vocab = load_tokenizer(run_dir).get_vocab_size()
   model_cfg = transformer_config(cfg.model, vocab)
   graphdef, abstract = abstract_transformer(model_cfg)
-  return LoadedModel(cfg, model_cfg, graphdef, restore_params(folder, abstract))
+  params, step = restore_params(folder, abstract, with_step=True)
+  return LoadedModel(cfg, model_cfg, graphdef, params, step)
 
 
 def load_target(run_dir: str) -> LoadedModel:

@@ -37,14 +37,23 @@ def _mtp(variant):
   return build
 
 
+def _dflash(cfg, target):
+  from specjax.drafters.dflash import DFlashDrafter
+  from specjax.training.dflash import load_dflash
+  graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
+  return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef,
+                       target_feature_layers=layers), params
+
+
 BUILDERS: dict[str, Callable] = {
     "prompt_lookup": _prompt_lookup,
     "draft": _draft,
     "mtp_parallel": _mtp("parallel"),
     "mtp_sequential": _mtp("sequential"),
+    "dflash": _dflash,
 }
 METHODS = ("ar",) + tuple(BUILDERS)
-BLOCK_METHODS = ()  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
+BLOCK_METHODS = ("dflash",)  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
 
 
 def num_drafts(name: str, cfg) -> int:

@@ -119,9 +119,12 @@ class Transformer(nnx.Module):
 
 
 def default_feature_layers(num_layers: int, count: int) -> tuple[int, ...]:
-  """`count` layers spread evenly from layer 1 to L-3 (DFlash's choice), clipped for tiny L."""
-  last = max(1, num_layers - 3)
-  if count <= 1:
-    return (last,) if count == 1 else ()
-  span = last - 1
-  return tuple(sorted({1 + round(i * span / (count - 1)) for i in range(count)}))
+  """`count` layers spread evenly from layer 1 to L-3 (DFlash: 5 of 36 layers, 1..33).
+  A target too shallow for that range (L-3 < count) spreads them from 1 to L-1 instead."""
+  if count < 1:
+    return ()
+  last = num_layers - 3 if num_layers - 3 >= count else num_layers - 1
+  last = max(1, last)
+  if count == 1:
+    return (last,)
+  return tuple(sorted({1 + round(i * (last - 1) / (count - 1)) for i in range(count)}))

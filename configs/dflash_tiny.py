@@ -1,0 +1,33 @@
+"""DFlash for the tiny target: 2 drafter layers at the target's width, block 16.
+
+  python train.py --config=configs/dflash_tiny.py --config.run_dir=runs/tiny
+
+Trains into runs/tiny/dflash/ on the target's own greedy continuations of corpus prompts
+(generated once into runs/tiny/regenerated/). Decode at any block size <= 16
+(decode.py --config.block_size, default 8).
+"""
+
+import ml_collections
+
+from specjax import config_base
+
+
+def get_config():
+  c = config_base.train_defaults()
+  c.method = "dflash"
+  c.num_layers = 2
+  c.feature_layers = ()  # target layers to read; empty = num_feature_layers spread evenly
+  c.num_feature_layers = 3
+  c.block_size = 16  # trained block; decoding may use any smaller one
+  c.gamma = 7.0  # loss decay exp(-(k-1)/gamma): 7, 5, 4 for B = 16, 10, 8
+  c.num_anchors = 16  # blocks per sequence per step
+  c.label_source = "target"  # target: train on the target's greedy continuations | data
+  c.regen = ml_collections.ConfigDict(
+      {"num_sequences": 1024, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
+       "batch_size": 64})
+  c.num_steps = 400
+  c.batch_size = 16
+  c.seq_len = 128
+  c.learning_rate = 2e-3
+  c.warmup_steps = 0.04
+  return c

@@ -1,0 +1,136 @@
+"""DFlash (Chen, Liang, Liu 2026): a block-diffusion drafter that drafts a whole block in one
+forward pass, conditioned on the target's hidden states.
+
+- Target features: the residual stream of a few target layers at each context position,
+  concatenated, projected by one linear map (L_f * H -> H, no bias) and RMS-normalised.
+- KV injection: in every drafter layer, keys and values come from [context features ; block],
+  queries from the block only; context features skip the query, output projection and MLP.
+  Attention inside the block is non-causal; the block sees every context position.
+- Block: [last committed token, MASK x (B-1)] at positions continuing the context; the
+  committed token uses the target's embedding, masks a learned mask embedding. One pass gives
+  B-1 drafts through the target's frozen LM head.
+- Cache: per layer, the K/V of the projected context features at committed positions. Block
+  K/V is never kept. Rolling back is the target's end index: entries past it are masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.drafters.base import Context, Drafter, Prefill, Verified
+from specjax.models import LayerKV, write_rows
+from specjax.models.layers import MLP, Attention, RMSNorm, TransformerConfig, fan_in_init, param
+
+
+class DFlashLayer(nnx.Module):
+
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    kw = dict(eps=cfg.norm_eps, param_dtype=cfg.weight_dtype, rngs=rngs)
+    self.attn_norm = RMSNorm(cfg.d_model, **kw)
+    self.attn = Attention(cfg, rngs=rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, **kw)
+    self.mlp = MLP(cfg, rngs=rngs)
+
+  def context_kv(self, ctx_BxTxD, positions_BxT) -> LayerKV:
+    return LayerKV(*self.attn.keys_values(ctx_BxTxD, positions_BxT))
+
+  def __call__(self, x_BxQxD, positions_BxQ, ctx: LayerKV, mask_BxQxC):
+    """mask covers keys [context ; block]: C = context length + Q."""
+    h = self.attn_norm(x_BxQxD)
+    q = self.attn.queries(h, positions_BxQ)
+    k, v = self.attn.keys_values(h, positions_BxQ)
+    k = jnp.concatenate([ctx.k_BxSxKxH.astype(k.dtype), k], axis=1)
+    v = jnp.concatenate([ctx.v_BxSxKxH.astype(v.dtype), v], axis=1)
+    x = x_BxQxD + self.attn.attend(q, k, v, mask_BxQxC)
+    return x + self.mlp(self.mlp_norm(x))
+
+
+class DFlashModel(nnx.Module):
+  """The drafter's parameters: feature projection, mask embedding, layers, final norm."""
+
+  def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
+               rngs: nnx.Rngs):
+    d, pd = cfg.d_model, cfg.weight_dtype
+    self.cfg = cfg
+    self.fc = param(rngs, fan_in_init(0, 1), (num_features * d, d), (None, "embed"), pd)
+    self.fc_norm = RMSNorm(d, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+    self.mask_embedding = param(rngs, nnx.initializers.normal(d**-0.5), (d,), ("embed",), pd)
+    self.layers = nnx.List([DFlashLayer(cfg, rngs=rngs) for _ in range(num_layers)])
+    self.final_norm = RMSNorm(d, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+
+  def project(self, features) -> jax.Array:
+    """Target features (a tuple of [B, T, D]) -> context features [B, T, D]."""
+    x = jnp.concatenate(features, axis=-1).astype(self.cfg.compute_dtype)
+    return self.fc_norm(x @ self.fc[...].astype(self.cfg.compute_dtype))
+
+  def context_kv(self, ctx_BxTxD, positions_BxT) -> tuple[LayerKV, ...]:
+    return tuple(layer.context_kv(ctx_BxTxD, positions_BxT) for layer in self.layers)
+
+  def block_inputs(self, target, first_tokens_BxA, block_size: int):
+    """Embedded blocks [token, MASK x (B-1)]: [B, A * block_size, D]."""
+    b, a = first_tokens_BxA.shape
+    first = target.embed(first_tokens_BxA)[:, :, None, :]
+    masks = jnp.broadcast_to(self.mask_embedding[...].astype(first.dtype),
+                             (b, a, block_size - 1, first.shape[-1]))
+    return jnp.concatenate([first, masks], axis=2).reshape(b, a * block_size, -1)
+
+  def __call__(self, x_BxQxD, positions_BxQ, ctx_kv, mask_BxQxC):
+    for layer, kv in zip(self.layers, ctx_kv):
+      x_BxQxD = layer(x_BxQxD, positions_BxQ, kv, mask_BxQxC)
+    return self.final_norm(x_BxQxD)
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashDrafter(Drafter):
+  """num_draft_tokens = block_size - 1. State: per-layer context K/V over positions."""
+
+  graphdef: nnx.GraphDef = None
+  target_feature_layers: tuple[int, ...] = ()
+
+  @property
+  def feature_layers(self):
+    return self.target_feature_layers
+
+  @property
+  def block_size(self) -> int:
+    return self.num_draft_tokens + 1
+
+  def _write_context(self, model, caches, features, start_B):
+    ctx = model.project(features)
+    positions = start_B[:, None] + jnp.arange(ctx.shape[1])[None, :]
+    new = model.context_kv(ctx, positions)
+    return tuple(LayerKV(write_rows(c.k_BxSxKxH, n.k_BxSxKxH, start_B),
+                         write_rows(c.v_BxSxKxH, n.v_BxSxKxH, start_B))
+                 for c, n in zip(caches, new))
+
+  def init(self, params, target, prefill: Prefill):
+    model = nnx.merge(self.graphdef, params)
+    cfg = target.cfg
+    b = prefill.tokens_BxP.shape[0]
+    shape = (b, prefill.cache_len, cfg.num_kv_heads, cfg.head_dim)
+    empty = tuple(LayerKV(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype))
+                  for _ in model.layers)
+    return self._write_context(model, empty, prefill.output.features,
+                               jnp.zeros((b,), jnp.int32))
+
+  def propose(self, params, target, caches, ctx: Context, sampler, rng):
+    model = nnx.merge(self.graphdef, params)
+    bs, s = self.block_size, ctx.seq_BxS.shape[1]
+    x = model.block_inputs(target, ctx.pending_B[:, None], bs)
+    positions = ctx.end_B[:, None] + jnp.arange(bs)[None, :]
+    seen = jnp.arange(s)[None, :] < ctx.end_B[:, None]  # committed context only
+    mask = jnp.concatenate([jnp.broadcast_to(seen[:, None, :], (x.shape[0], bs, s)),
+                            jnp.ones((x.shape[0], bs, bs), bool)], axis=-1)
+    hidden = model(x, positions, caches, mask)
+    logits = target.logits(hidden[:, 1:])
+    # argmax proposals (one-hot q): sampling positions independently destroys acceptance
+    return jnp.argmax(logits, -1).astype(jnp.int32), None, caches
+
+  def commit(self, params, target, caches, verified: Verified):
+    model = nnx.merge(self.graphdef, params)
+    # all window positions are written; those past the new end are masked until rewritten
+    return self._write_context(model, caches, verified.output.features, verified.start_B)

@@ -1,0 +1,169 @@
+"""Training DFlash against the frozen target.
+
+The target runs once per batch (no gradient) and gives the features. Each sequence opens
+`num_anchors` blocks at random anchor positions a (sampled without replacement where a label
+exists); block j = [t_a, MASK x (B-1)] at positions a..a+B-1, and its k-th position predicts
+t_{a+k}. All blocks of a sequence train in one pass: a block sees the context features
+strictly before its anchor (same document) and its own block, never another block.
+Cross-entropy is weighted by exp(-(k-1)/gamma) over block position k.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from specjax import run_dir as run_dir_lib
+from specjax.data import regenerate
+from specjax.drafters.dflash import DFlashModel
+from specjax.errors import SpecjaxError
+from specjax.models import default_feature_layers
+from specjax.training.loop import TrainTask, train
+from specjax.training.target import data_for
+
+
+def feature_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
+  layers = tuple(int(l) for l in cfg.feature_layers) or default_feature_layers(
+      num_target_layers, cfg.num_feature_layers)
+  bad = [l for l in layers if not 0 <= l <= num_target_layers]
+  if bad:
+    raise SpecjaxError(f"feature_layers {bad} outside 0..{num_target_layers} (target depth)")
+  return layers
+
+
+def build_model(cfg, target_cfg, rngs):
+  return DFlashModel(target_cfg, cfg.num_layers, len(feature_layers(cfg, target_cfg.num_layers)),
+                     rngs=rngs)
+
+
+def sample_anchors(rng, valid_BxT, count: int):
+  """`count` distinct anchors per row where valid (Gumbel top-k), and whether each is real
+  (rows with fewer valid positions repeat invalid ones, masked out)."""
+  scores = jnp.where(valid_BxT, jax.random.gumbel(rng, valid_BxT.shape), -jnp.inf)
+  _, anchors = jax.lax.top_k(scores, count)
+  return anchors, jnp.take_along_axis(valid_BxT, anchors, axis=1)
+
+
+def block_targets(tokens_BxT, seg_BxT, anchors_BxA, real_BxA, block_size: int):
+  """Labels t_{a+k} and their validity, [B, A, block_size] (k = 0 is never a label)."""
+  t = tokens_BxT.shape[1]
+  idx = anchors_BxA[..., None] + jnp.arange(block_size)
+  inside = idx < t
+  idx = jnp.minimum(idx, t - 1)
+  labels = jnp.take_along_axis(tokens_BxT[:, None, :], idx, axis=2)
+  seg_a = jnp.take_along_axis(seg_BxT, anchors_BxA, axis=1)
+  same = jnp.take_along_axis(seg_BxT[:, None, :], idx, axis=2) == seg_a[..., None]
+  valid = inside & same & real_BxA[..., None] & (jnp.arange(block_size) > 0)
+  return labels, valid
+
+
+def training_mask(seg_BxT, anchors_BxA, block_size: int):
+  """[B, A*bs, T + A*bs]: a block's tokens see context p < anchor (same document) and their own
+  block (non-causal), nothing else."""
+  b, t = seg_BxT.shape
+  a = anchors_BxA.shape[1]
+  anchor_q = jnp.repeat(anchors_BxA, block_size, axis=1)  # [B, Q]
+  seg_q = jnp.take_along_axis(seg_BxT, anchor_q, axis=1)
+  ctx = (jnp.arange(t)[None, None, :] < anchor_q[:, :, None]) & (
+      seg_BxT[:, None, :] == seg_q[:, :, None])
+  block_id = jnp.repeat(jnp.arange(a), block_size)
+  own = jnp.broadcast_to(block_id[:, None] == block_id[None, :], (b, a * block_size,
+                                                                   a * block_size))
+  return jnp.concatenate([ctx, own], axis=-1)
+
+
+def position_weights(block_size: int, gamma: float):
+  k = jnp.arange(block_size)
+  return jnp.where(k > 0, jnp.exp(-(k - 1) / gamma), 0.0)
+
+
+def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
+  bs, gamma = cfg.block_size, cfg.gamma
+
+  def loss_fn(params, target_params, batch, rng):
+    target = nnx.merge(target_graphdef, target_params)
+    model = nnx.merge(model_graphdef, params)
+    tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
+    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
+                                       feature_layers=layers, compute_logits=False))
+    b, t = tokens.shape
+    valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the next token is in the document
+    anchors, real = sample_anchors(rng, valid_anchor, cfg.num_anchors)
+    labels, valid = block_targets(tokens, seg, anchors, real, bs)
+    ctx_kv = model.context_kv(model.project(out.features), pos)
+    x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
+    block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
+        b, -1)
+    hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs))
+    logits = target.logits(hidden).reshape(b, cfg.num_anchors, bs, -1)
+    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    w = position_weights(bs, gamma) * valid
+    loss = (ce * w).sum() / jnp.maximum(w.sum(), 1e-6)
+    correct = (jnp.argmax(logits, -1) == labels) & valid
+    # greedy block acceptance on these blocks: committed tokens per step if verified here
+    full = valid[:, :, 1:].all(-1)
+    prefix = jnp.cumprod(correct[:, :, 1:], axis=-1)
+    tau = 1.0 + (prefix.sum(-1) * full).sum() / jnp.maximum(full.sum(), 1)
+    acc1 = (correct[:, :, 1].sum()) / jnp.maximum(valid[:, :, 1].sum(), 1)
+    return loss, {"loss": loss, "acc_k1": acc1, "block_tau": tau,
+                  "weight": valid.sum().astype(jnp.float32)}
+
+  return loss_fn
+
+
+def train_dflash(cfg):
+  if cfg.block_size < 2:
+    raise SpecjaxError(f"block_size must be >= 2, got {cfg.block_size}")
+  if cfg.num_anchors > cfg.seq_len:
+    raise SpecjaxError(f"num_anchors={cfg.num_anchors} exceeds seq_len={cfg.seq_len}")
+  target = run_dir_lib.load_target(cfg.run_dir)
+  tok = run_dir_lib.load_tokenizer(cfg.run_dir)
+  layers = feature_layers(cfg, target.model_cfg.num_layers)
+  run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, cfg.method),
+                                            "config.json"))
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
+                                                             nnx.Rngs(0))), nnx.Param)
+  if cfg.label_source == "target":
+    train_ds, val = regenerate.regenerated_data(cfg, target, tok)
+  elif cfg.label_source == "data":
+    train_ds, val = data_for(cfg, tok)
+  else:
+    raise SpecjaxError(f"label_source must be 'data' or 'target', got '{cfg.label_source}'")
+
+  def init_params(rng):
+    return nnx.state(build_model(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
+
+  n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
+  print(f"[{cfg.method}] {n / 1e6:.2f}M parameters, {cfg.num_layers} layers, target features "
+        f"from layers {layers}, block {cfg.block_size}, gamma {cfg.gamma}, labels from "
+        f"{cfg.label_source}", flush=True)
+  task = TrainTask(name=cfg.method, init_params=init_params,
+                   loss_fn=dflash_loss(graphdef, target.graphdef, cfg, layers),
+                   train_data=train_ds, eval_data=val, frozen=target.params,
+                   summary={"num_params": int(n), "feature_layers": list(layers)})
+  return train(cfg, task)
+
+
+def load_dflash(run_dir: str, target, block_size: int):
+  """(graphdef, params, feature layers) of a trained DFlash drafter, for a decode block size."""
+  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
+  cfg = run_dir_lib.load_config(folder)
+  if block_size < 2:
+    raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
+  if block_size > cfg.block_size:
+    print(f"[dflash] warning: decoding with block_size={block_size} > the trained "
+          f"{cfg.block_size}; positions past {cfg.block_size} were never trained", flush=True)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
+                                                                    nnx.Rngs(0))), nnx.Param)
+  params = run_dir_lib.restore_params(folder, abstract)
+  return graphdef, params, feature_layers(cfg, target.model_cfg.num_layers)
+
+
+def default_gamma(block_size: int) -> float:
+  """The paper's decay: gamma 7, 5, 4 for B = 16, 10, 8 (interpolated elsewhere)."""
+  return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, round(math.log2(block_size) * 1.6, 1)))
