@@ -48,12 +48,12 @@ def make_host_loop(graphdef, cache_len):
   return run
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--run_dir", default="runs/tiny")
   parser.add_argument("--new_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=3)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   graphdef, params, where = common.target_for_timing(args.run_dir)
   print(f"target: {where}; {args.new_tokens} new tokens per row; median of {args.repeats}")
   cache_len = 64 + args.new_tokens + 1

@@ -10,7 +10,8 @@ METHODS=ar,prompt_lookup,draft,mtp_parallel,mtp_sequential
 python train.py --config=configs/target_tiny.py --config.run_dir="$RUN"
 python train.py --config=configs/draft_tiny.py --config.run_dir="$RUN"
 python train.py --config=configs/mtp_tiny.py --config.run_dir="$RUN" --config.variant=parallel
-python train.py --config=configs/mtp_tiny.py --config.run_dir="$RUN" --config.variant=sequential
+python train.py --config=configs/mtp_tiny.py --config.run_dir="$RUN" --config.variant=sequential \
+    --config.num_steps=120
 
 python decode.py --config.run_dir="$RUN" --config.methods="$METHODS" --config.temperature=1.0
 python decode.py --config.run_dir="$RUN" --config.methods="$METHODS" --config.temperature=0.0

@@ -65,3 +65,21 @@ def user_errors():
   except SpecjaxError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(1)
+
+
+def run(config_holder, fn, default_config: str | None = None):
+  """The body of train.py / decode.py: parse, then fn(config) with one-line user errors.
+  `default_config` is used when no --config is given (passed here rather than to
+  DEFINE_config_file, which would parse overrides at import, before errors are handled)."""
+  if default_config and not any(a == "--config" or a.startswith("--config=")
+                                for a in sys.argv[1:]):
+    sys.argv.insert(1, f"--config={default_config}")
+
+  def main(argv):
+    reject_extra_args(argv)
+    cfg = config_value(config_holder)
+    with user_errors():
+      fn(cfg)
+
+  from absl import app
+  app.run(main, flags_parser=parse_flags)

@@ -60,8 +60,8 @@ def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos
   if method == "ar":
     return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id), None, None
   drafter, params = registry.build(method, cfg, target)
-  decoder = SpeculativeDecoder(target.graphdef, drafter, sampler, cfg.max_new_tokens, cache_len,
-                               eos_id)
+  decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
+                               drafter=drafter)
   return decoder, drafter, params
 
 

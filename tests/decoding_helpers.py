@@ -39,7 +39,7 @@ def run_ar(graphdef, params, prompts, max_new, sampler=Sampler(), cache_len=96, 
 def run_spec(graphdef, params, drafter, drafter_params, prompts, max_new, sampler=Sampler(),
              cache_len=96, seed=0, eos=EOS, keep_cache=False):
   tokens, lens = pad_prompts(prompts, 1)
-  dec = SpeculativeDecoder(graphdef, drafter, sampler, max_new, cache_len, eos, keep_cache)
+  dec = SpeculativeDecoder(graphdef, sampler, max_new, cache_len, eos, keep_cache, drafter)
   return dec(params, drafter_params, tokens, lens, jax.random.key(seed))
 
 

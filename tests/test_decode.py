@@ -103,10 +103,14 @@ def test_cli_errors_are_one_line_not_tracebacks(tmp_path):
       cli("train.py", "--config=configs/target_tiny.py", "--config.no_such_key=1"),
       cli("train.py", "--config=configs/missing.py"),
       cli("decode.py", f"--config.run_dir={tmp_path / 'nope'}"),
+      cli("decode.py", "--config.no_such_key=1"),
+      cli("decode.py", "--config.temperature=-1"),
   ]
   for proc, expect in zip(cases, ["unknown config key --config.no_such_key",
                                   "could not load the config file",
-                                  "does not exist; train the target first"]):
+                                  "does not exist; train the target first",
+                                  "unknown config key --config.no_such_key",
+                                  "temperature must be >= 0"]):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
     assert expect in proc.stderr

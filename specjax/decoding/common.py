@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
+from flax import nnx, struct
 
 from specjax.errors import SpecjaxError
 from specjax.models import write_rows
@@ -70,6 +72,53 @@ def commit_tokens(out_BxN, count_B, done_B, new_BxT, num_new_B, max_new_B, eos_i
   count_B = count_B + n
   done_B = done_B | (active & has_eos) | (count_B >= max_new_B)
   return out_BxN, count_B, done_B
+
+
+@struct.dataclass
+class LoopState:
+  """The carry of a decode loop (the speculative loop adds the drafter's state)."""
+  cache: object  # the target's KVCache
+  pending_B: jax.Array  # last committed token, not yet in the cache
+  out_BxN: jax.Array  # committed tokens per row
+  count_B: jax.Array
+  done_B: jax.Array
+  rng: jax.Array
+  target_calls: jax.Array
+  steps_B: jax.Array  # verify steps in which the row was active
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLoop:
+  """Static description of a decode loop (hashable: the jitted __call__ takes it as static)."""
+
+  graphdef: nnx.GraphDef
+  sampler: object  # decoding.sampling.Sampler
+  max_new_tokens: int
+  cache_len: int
+  eos_id: int
+  keep_cache: bool = False  # return the final target cache (tests inspect it)
+
+  def start(self, target, tokens_BxP, lens_B, rng, feature_layers=(), lookahead: int = 0):
+    """Prefill, then the first token (sampled from the prompt's last logits) committed.
+    Returns (cache, prefill output, rng, first_B, out_BxN, count_B, done_B, max_new_B)."""
+    b = tokens_BxP.shape[0]
+    max_new_B = jnp.full((b,), self.max_new_tokens, jnp.int32)
+    cache, pre_out, last_logits = prefill(target, tokens_BxP, lens_B, self.cache_len,
+                                          feature_layers)
+    rng, first_rng = jax.random.split(rng)
+    first_B = self.sampler.sample(last_logits, first_rng)
+    zeros = jnp.zeros((b,), jnp.int32)
+    out = jnp.zeros((b, self.max_new_tokens + lookahead + 1), jnp.int32)
+    out, count, done = commit_tokens(out, zeros, zeros.astype(bool), first_B[:, None],
+                                     zeros + 1, max_new_B, self.eos_id)
+    return cache, pre_out, rng, first_B, out, count, done, max_new_B
+
+  def result(self, final, accept_counts) -> DecodeResult:
+    """The loop's final state (fields out_BxN, count_B, target_calls, steps_B, cache)."""
+    return DecodeResult(
+        tokens_BxN=final.out_BxN[:, :self.max_new_tokens], num_tokens_B=final.count_B,
+        target_calls=final.target_calls, verify_steps_B=final.steps_B,
+        accept_counts=accept_counts, cache=final.cache if self.keep_cache else None)
 
 
 def to_lists(result: DecodeResult, eos_id: int) -> list[list[int]]:

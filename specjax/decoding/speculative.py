@@ -15,59 +15,38 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax.decoding.common import DecodeResult, commit_tokens, prefill
-from specjax.decoding.sampling import Sampler
+from specjax.decoding.common import DecodeLoop, DecodeResult, LoopState, commit_tokens
 from specjax.decoding.verify import verify_greedy, verify_sampling
 from specjax.drafters.base import Context, Drafter, Prefill, Verified
-from specjax.models import KVCache, write_rows
+from specjax.models import write_rows
 
 
 @struct.dataclass
-class SpecState:
-  cache: KVCache
-  draft_state: object
-  seq_BxS: jax.Array
-  pending_B: jax.Array
-  out_BxN: jax.Array
-  count_B: jax.Array
-  done_B: jax.Array
-  rng: jax.Array
-  target_calls: jax.Array
-  steps_B: jax.Array
-  accept_counts: jax.Array  # [K+1]
+class SpecState(LoopState):
+  draft_state: object = None
+  seq_BxS: jax.Array = None  # committed tokens by position: prompt, then generated
+  accept_counts: jax.Array = None  # [K+1]
 
 
 @dataclasses.dataclass(frozen=True)
-class SpeculativeDecoder:
-  graphdef: nnx.GraphDef
-  drafter: Drafter
-  sampler: Sampler
-  max_new_tokens: int
-  cache_len: int
-  eos_id: int
-  keep_cache: bool = False  # return the final target cache (tests inspect it)
+class SpeculativeDecoder(DecodeLoop):
+  drafter: Drafter = None
 
   @functools.partial(jax.jit, static_argnums=0)
   def __call__(self, target_params, drafter_params, tokens_BxP, lens_B, rng) -> DecodeResult:
     target = nnx.merge(self.graphdef, target_params)
     drafter, k = self.drafter, self.drafter.num_draft_tokens
     b, p = tokens_BxP.shape
-    max_new_B = jnp.full((b,), self.max_new_tokens, jnp.int32)
-    cache, pre_out, last_logits = prefill(target, tokens_BxP, lens_B, self.cache_len,
-                                          drafter.feature_layers)
-    rng, first_rng = jax.random.split(rng)
-    first_B = self.sampler.sample(last_logits, first_rng)
+    cache, pre_out, rng, first_B, out, count, done, max_new_B = self.start(
+        target, tokens_BxP, lens_B, rng, drafter.feature_layers, lookahead=k)
     draft_state = drafter.init(drafter_params, target,
                                Prefill(tokens_BxP, lens_B, pre_out, self.cache_len))
-
-    zeros = jnp.zeros((b,), jnp.int32)
-    out = jnp.zeros((b, self.max_new_tokens + k + 1), jnp.int32)
-    out, count, done = commit_tokens(out, zeros, zeros.astype(bool), first_B[:, None],
-                                     zeros + 1, max_new_B, self.eos_id)
     seq = jnp.zeros((b, self.cache_len), jnp.int32).at[:, :p].set(tokens_BxP)
     seq = write_rows(seq, first_B[:, None], lens_B)
-    state = SpecState(cache, draft_state, seq, first_B, out, count, done, rng, jnp.int32(1),
-                      zeros, jnp.zeros((k + 1,), jnp.int32))
+    state = SpecState(cache=cache, pending_B=first_B, out_BxN=out, count_B=count, done_B=done,
+                      rng=rng, target_calls=jnp.int32(1), steps_B=jnp.zeros_like(count),
+                      draft_state=draft_state, seq_BxS=seq,
+                      accept_counts=jnp.zeros((k + 1,), jnp.int32))
 
     def body(s: SpecState) -> SpecState:
       rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
@@ -95,12 +74,11 @@ class SpeculativeDecoder:
           drafter_params, target, draft_state,
           Verified(window, end_B, m_B, next_B, verify_out, active))
       hist = (jax.nn.one_hot(m_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
-      return SpecState(verify_out.cache.rollback(new_end), draft_state, seq,
-                       jnp.where(active, next_B, s.pending_B), out, count, done, rng,
-                       s.target_calls + 1, s.steps_B + active, s.accept_counts + hist)
+      return SpecState(cache=verify_out.cache.rollback(new_end),
+                       pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
+                       count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
+                       steps_B=s.steps_B + active, draft_state=draft_state, seq_BxS=seq,
+                       accept_counts=s.accept_counts + hist)
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
-    return DecodeResult(
-        tokens_BxN=final.out_BxN[:, :self.max_new_tokens], num_tokens_B=final.count_B,
-        target_calls=final.target_calls, verify_steps_B=final.steps_B,
-        accept_counts=final.accept_counts, cache=final.cache if self.keep_cache else None)
+    return self.result(final, final.accept_counts)

@@ -23,17 +23,11 @@ from flax import nnx
 
 from specjax.drafters.base import Context, Drafter, Prefill, Verified
 from specjax.models import LayerKV, write_rows
-from specjax.models.layers import MLP, Attention, RMSNorm, TransformerConfig, fan_in_init, param
+from specjax.models.layers import Block, RMSNorm, TransformerConfig, fan_in_init, param
 
 
-class DFlashLayer(nnx.Module):
-
-  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
-    kw = dict(eps=cfg.norm_eps, param_dtype=cfg.weight_dtype, rngs=rngs)
-    self.attn_norm = RMSNorm(cfg.d_model, **kw)
-    self.attn = Attention(cfg, rngs=rngs)
-    self.mlp_norm = RMSNorm(cfg.d_model, **kw)
-    self.mlp = MLP(cfg, rngs=rngs)
+class DFlashLayer(Block):
+  """The target's block shape; attention gets its keys and values from [context ; block]."""
 
   def context_kv(self, ctx_BxTxD, positions_BxT) -> LayerKV:
     return LayerKV(*self.attn.keys_values(ctx_BxTxD, positions_BxT))
