@@ -23,9 +23,9 @@ def get_config():
   c.num_anchors = 16  # blocks per sequence per step
   c.label_source = "target"  # target: train on the target's greedy continuations | data
   c.regen = ml_collections.ConfigDict(
-      {"num_sequences": 1024, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
+      {"num_sequences": 768, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
        "batch_size": 64})
-  c.num_steps = 400
+  c.num_steps = 300
   c.batch_size = 16
   c.seq_len = 128
   c.learning_rate = 2e-3

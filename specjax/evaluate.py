@@ -176,6 +176,9 @@ class Harness:
       entry.update(step_costs(cfg, target, drafter, dparams, sampler, self.lens, k))
       entry["speedup_predicted"] = accounting.predicted_speedup(
           entry["tau"], entry["t_ar"], entry["t_draft"], entry["t_verify"])
+      # what the loop pays per step beyond drafting and the target pass (verification,
+      # commits, cache bookkeeping): the gap between predicted and measured speedup
+      entry["step_overhead"] = entry["seconds_per_step"] - entry["t_draft"] - entry["t_verify"]
     return entry
 
 
