@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from decoding_helpers import (EOS, random_prompts, reference_greedy, run_ar, tiny_model,
+from decoding_helpers import (random_prompts, reference_greedy, run_ar, tiny_model,
                               to_lists)
 from specjax.decoding.common import check_fits, pad_prompts
 from specjax.errors import SpecjaxError

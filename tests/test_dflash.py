@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,7 +13,6 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
-from specjax.data import tokenizer as tokenizer_lib
 from specjax.decoding.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.models import default_feature_layers

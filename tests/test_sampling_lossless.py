@@ -6,8 +6,6 @@ Tolerance: total variation < 0.04 per position with N = 6000 samples (the expect
 exact sampler is about 0.015 here).
 """
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

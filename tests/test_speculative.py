@@ -1,6 +1,5 @@
 """Greedy speculative decoding equals AR, token for token; the caches roll back exactly."""
 
-import jax
 import numpy as np
 import pytest
 

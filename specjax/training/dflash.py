@@ -10,7 +10,6 @@ Cross-entropy is weighted by exp(-(k-1)/gamma) over block position k.
 
 from __future__ import annotations
 
-import math
 import os
 
 import jax
@@ -162,8 +161,3 @@ def load_dflash(run_dir: str, target, block_size: int):
                                                                     nnx.Rngs(0))), nnx.Param)
   params = run_dir_lib.restore_params(folder, abstract)
   return graphdef, params, feature_layers(cfg, target.model_cfg.num_layers)
-
-
-def default_gamma(block_size: int) -> float:
-  """The paper's decay: gamma 7, 5, 4 for B = 16, 10, 8 (interpolated elsewhere)."""
-  return {16: 7.0, 10: 5.0, 8: 4.0}.get(block_size, max(1.0, round(math.log2(block_size) * 1.6, 1)))

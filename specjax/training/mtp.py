@@ -14,7 +14,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
