@@ -182,6 +182,13 @@ class Harness:
     return entry
 
 
+  def faster_baseline(self, ar_entry: dict, cfg) -> dict:
+    """AR timed again after the other methods; the faster of the two runs is the baseline
+    (the first run of a process can be slow, and a slow baseline flatters every drafter)."""
+    again = self.run("ar", cfg)
+    return again if again["wall_seconds"] < ar_entry["wall_seconds"] else ar_entry
+
+
 def evaluate(cfg) -> dict:
   methods = parse_methods(cfg.methods)
   harness = Harness(cfg, methods)
@@ -189,6 +196,8 @@ def evaluate(cfg) -> dict:
   for method in methods:
     print(f"[decode] {method}: compiling and running {len(harness.texts)} prompts", flush=True)
     report[method] = harness.run(method, cfg)
+  if len(methods) > 1:
+    report["ar"] = harness.faster_baseline(report["ar"], cfg)
   ar_tps = report["ar"]["tokens_per_second"]
   for entry in report.values():
     entry["speedup_vs_ar"] = entry["tokens_per_second"] / ar_tps

@@ -79,3 +79,21 @@ def test_sampling_identical_p_and_q_accepts_everything():
   drafts = jax.random.categorical(jax.random.key(3), jnp.log(p[:, :2]), axis=-1)
   m, _ = verify_sampling(p, drafts, p[:, :2], jax.random.key(4))
   assert np.all(np.asarray(m) == 2)
+
+
+def test_commit_stops_rows_at_eos_and_max_new_and_leaves_finished_rows_alone():
+  from specjax.decoding.common import commit_tokens
+  eos = 0
+  out = jnp.zeros((4, 12), jnp.int32)  # the loops size it max_new + K + 1
+  count = jnp.array([1, 1, 6, 3])
+  done = jnp.array([False, False, False, True])  # row 3 finished earlier (padding row)
+  new = jnp.array([[5, 0, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [9, 9, 9, 9]])
+  num_new = jnp.array([4, 3, 4, 4])  # m + 1 committed tokens per row
+  max_new = jnp.full((4,), 7)
+  out, count, done = commit_tokens(out, count, done, new, num_new, max_new, eos)
+  assert count.tolist() == [3, 4, 7, 3]
+  assert done.tolist() == [True, False, True, True]
+  assert out[0, 1:3].tolist() == [5, 0]  # EOS kept, nothing after it
+  assert out[1, 1:4].tolist() == [5, 6, 7]  # only the committed m + 1 tokens count
+  assert out[2, 6].tolist() == 5  # truncated at max_new_tokens
+  assert out[3].tolist() == [0] * 12  # a finished row is not written
