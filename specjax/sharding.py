@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 import jax
@@ -124,8 +125,6 @@ def rules_from_config(rules_cfg) -> tuple:
 
 def maybe_initialize_distributed():
   """Calls jax.distributed.initialize() when launched as one of several processes."""
-  import os
-
   markers = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES",
              "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
   multi = any(os.environ.get(m) for m in markers)

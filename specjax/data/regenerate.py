@@ -73,11 +73,11 @@ def regenerated(cfg, target, tok, split: str, count: int) -> np.ndarray:
                      cfg.seed + (split == cfg.data.validation_split))
   rows = generate(target, prompts, r.new_tokens, r.batch_size)
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  if jax.process_index() == 0:
+  if jax.process_index() == 0:  # one writer; the key beside the data says what made it
+    with open(path[:-len(".npy")] + ".json", "w") as f:
+      f.write(key)
     np.save(path + ".tmp.npy", rows)
     os.replace(path + ".tmp.npy", path)
-  with open(os.path.join(os.path.dirname(path), os.path.basename(path)[:-4] + ".json"), "w") as f:
-    f.write(key)
   return rows
 
 
