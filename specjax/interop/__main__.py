@@ -1,0 +1,39 @@
+"""Import and export checkpoints of other codebases into / out of a specjax run directory.
+
+  python -m specjax.interop import-hf HF_DIR RUN_DIR         # Llama / Qwen3 -> RUN_DIR/target
+  python -m specjax.interop export-hf RUN_DIR OUT_DIR
+  python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR  # z-lab drafter -> RUN_DIR/dflash
+  python -m specjax.interop export-dflash RUN_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from specjax.errors import SpecjaxError
+
+# command -> (module, function(src, dst)); each module owns one checkpoint format
+COMMANDS = {
+    "import-hf": ("specjax.interop.hf", "import_hf"),
+    "export-hf": ("specjax.interop.hf", "export_hf"),
+    "import-dflash": ("specjax.interop.zlab", "import_dflash"),
+    "export-dflash": ("specjax.interop.zlab", "export_dflash"),
+}
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 3 or argv[0] not in COMMANDS:
+    print(__doc__.strip(), file=sys.stderr)
+    return 2
+  module, fn = COMMANDS[argv[0]]
+  try:
+    getattr(importlib.import_module(module), fn)(argv[1], argv[2])
+  except SpecjaxError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
