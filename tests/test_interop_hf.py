@@ -4,6 +4,8 @@ logits, greedy decoding, prompt encoding, exact round trips, and one-line refusa
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -14,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import hf_models  # noqa: E402
-from conftest import load_config  # noqa: E402
+from conftest import ROOT, load_config  # noqa: E402
 from specjax import evaluate, run_dir as run_dir_lib  # noqa: E402
 from specjax.data import tokenizer as tokenizer_lib  # noqa: E402
 from specjax.errors import SpecjaxError  # noqa: E402
@@ -110,14 +112,26 @@ def test_decode_py_greedy_equals_transformers_generate(imported, variant, tmp_pa
                   measure_costs=False, plot=False, timing_repeats=1))
   outputs = evaluate.main(cfg)["methods"]["ar"]["outputs"]
   eos = run_dir_lib.load_special_ids(run_dir).eos_id
-  stopped = 0
+  assert len(outputs) == len(hf_models.PROMPTS)
   for row, out in zip(prompt_rows(run_dir), outputs):
     with torch.no_grad():
       ref = model.generate(torch.tensor([row]), max_new_tokens=16, do_sample=False,
                            eos_token_id=eos, pad_token_id=eos)[0, len(row):].tolist()
-    stopped += ref[-1] == eos
-    assert out["token_ids"] == (ref[:-1] if ref[-1] == eos else ref)
-  assert len(outputs) == len(hf_models.PROMPTS)
+    assert out["token_ids"] == (ref[:-1] if ref[-1] == eos else ref)  # EOS is not kept
+
+
+def test_decode_py_loads_the_import_on_one_device(imported, tmp_path):
+  """Imported over 8 devices, decoded by the real command in a 1-device process."""
+  run_dir = imported[("qwen3", True)][2]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run(
+      [sys.executable, "decode.py", f"--config.run_dir={run_dir}", "--config.methods=ar",
+       "--config.num_prompts=2", "--config.max_new_tokens=4", "--config.plot=False",
+       "--config.measure_costs=False", f"--config.output_json={tmp_path / 'o.json'}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  with open(tmp_path / "o.json") as f:
+    assert len(json.load(f)["methods"]["ar"]["outputs"]) == 2
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=ids_of)
