@@ -19,7 +19,7 @@ import dataclasses
 import jax
 from flax import struct
 
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.errors import SpecjaxError
 from specjax.models import TransformerOutput
 
