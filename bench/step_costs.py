@@ -32,7 +32,7 @@ def main(argv=None):
   ns = sorted({1, 2, 3, 5, 9, args.max_n} | set(range(1, args.max_n + 1, 4)))
   cache_len = args.context_len + args.max_n + 1
   curve = {}
-  print(f"target: {where}; context {args.context_len}; median of {args.reps}")
+  print(f"target: {where}; context {args.context_len}; fastest of {args.reps}")
   print("batch  " + "  ".join(f"n={n:<3d}" for n in ns) + "   (T(n) / T(1))")
   for batch in [int(b) for b in args.batches.split(",")]:
     t = costs.verify_costs(graphdef, params, batch=batch, ns=ns, context_len=args.context_len,

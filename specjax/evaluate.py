@@ -207,9 +207,12 @@ def evaluate(cfg) -> dict:
 
 
 def step_costs(cfg, target, drafter, dparams, sampler, lens, k) -> dict:
-  """T_ar, T_verify(K+1), T_draft(K) at this batch size and the predicted speedup."""
-  context = int(np.mean(lens)) + cfg.max_new_tokens // 2
-  kw = dict(batch=cfg.batch_size, context_len=context, cache_len=cfg.cache_len)
+  """T_ar, T_verify(K+1), T_draft(K) at this batch size, each the mean over the context
+  lengths the run passes through (attention reads only the prefix a context needs, so a step
+  at the end of a row costs more than one at its start)."""
+  start = int(np.mean(lens))
+  contexts = sorted({start, start + cfg.max_new_tokens // 2, start + cfg.max_new_tokens})
+  kw = dict(batch=cfg.batch_size, context_len=contexts, cache_len=cfg.cache_len)
   t = costs.verify_costs(target.graphdef, target.params, ns=sorted({1, k + 1}), **kw)
   t_draft = 0.0 if drafter is None else costs.draft_cost(
       target.graphdef, target.params, drafter, dparams, sampler=sampler, **kw)
