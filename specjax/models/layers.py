@@ -29,6 +29,9 @@ class TransformerConfig:
   head_dim: int
   mlp_dim: int
   rope_theta: float = 10_000.0
+  # Llama-3 RoPE scaling (factor, low_freq_factor, high_freq_factor,
+  # original_max_position_embeddings); None = plain RoPE
+  rope_llama3_scaling: tuple | None = None
   qk_norm: bool = True
   tie_embeddings: bool = True
   norm_eps: float = 1e-6
@@ -36,6 +39,11 @@ class TransformerConfig:
   param_dtype: str = "float32"
 
   def __post_init__(self):
+    if self.rope_llama3_scaling is not None:  # JSON gives a list; keep the config hashable
+      object.__setattr__(self, "rope_llama3_scaling", tuple(self.rope_llama3_scaling))
+      if len(self.rope_llama3_scaling) != 4:
+        raise ValueError("rope_llama3_scaling must be (factor, low_freq_factor, "
+                         "high_freq_factor, original_max_position_embeddings)")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -78,10 +86,25 @@ class RMSNorm(nnx.Module):
     return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def apply_rope(x_BxTxNxH, positions_BxT, theta: float):
+def rope_inv_freq(half: int, theta: float, llama3_scaling: tuple | None = None):
+  """Inverse frequencies theta^(-i/half). Llama-3 scaling divides the frequencies whose
+  wavelength exceeds original_max / low_freq_factor by `factor`, keeps those shorter than
+  original_max / high_freq_factor, and interpolates linearly (in original_max / wavelength)
+  in between."""
+  inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if llama3_scaling is None:
+    return inv_freq_F
+  factor, low, high, original = (float(v) for v in llama3_scaling)
+  ratio_F = original * inv_freq_F / (2 * jnp.pi)  # original_max / wavelength
+  smooth_F = jnp.clip((ratio_F - low) / (high - low), 0.0, 1.0)
+  return (1.0 - smooth_F) * inv_freq_F / factor + smooth_F * inv_freq_F
+
+
+def apply_rope(x_BxTxNxH, positions_BxT, theta: float,
+               llama3_scaling: tuple | None = None):
   """Rotary embedding, half-split convention (Llama/Qwen checkpoints use it)."""
   half = x_BxTxNxH.shape[-1] // 2
-  inv_freq_F = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  inv_freq_F = rope_inv_freq(half, theta, llama3_scaling)
   angles_BxTxF = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_F
   sin = jnp.sin(angles_BxTxF)[:, :, None, :]
   cos = jnp.cos(angles_BxTxF)[:, :, None, :]
@@ -116,14 +139,16 @@ class Attention(nnx.Module):
     q = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wq))
     if self.cfg.qk_norm:
       q = self.q_norm(q)
-    return apply_rope(q, positions_BxT, self.cfg.rope_theta)
+    return apply_rope(q, positions_BxT, self.cfg.rope_theta,
+                      self.cfg.rope_llama3_scaling)
 
   def keys_values(self, x_BxTxD, positions_BxT):
     k = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wk))
     v = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wv))
     if self.cfg.qk_norm:
       k = self.k_norm(k)
-    return apply_rope(k, positions_BxT, self.cfg.rope_theta), v
+    return apply_rope(k, positions_BxT, self.cfg.rope_theta,
+                      self.cfg.rope_llama3_scaling), v
 
   def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
     b, t, n, hd = q_BxTxNxH.shape
