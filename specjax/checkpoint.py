@@ -15,12 +15,14 @@ import orbax.checkpoint as ocp
 from specjax.errors import SpecjaxError
 
 
-def _abstract(tree):
-  """ShapeDtypeStructs carrying each leaf's sharding, the restore target orbax wants."""
+def _abstract(tree, default_sharding=None):
+  """ShapeDtypeStructs carrying each leaf's sharding, the restore target orbax wants. Leaves
+  without one get `default_sharding` (None: orbax uses the sharding they were saved with)."""
   def one(x):
-    if isinstance(x, jax.ShapeDtypeStruct):
+    sharding = getattr(x, "sharding", None) or default_sharding
+    if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is sharding:
       return x
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   return jax.tree.map(one, tree)
 
 
@@ -67,12 +69,19 @@ class Checkpoints:
     step = self.latest_step() if step is None else step
     if step is None:
       raise SpecjaxError(f"no checkpoint in {self.directory}; train the model first")
+    def restore(default_sharding=None):
+      return self.manager.restore(step, args=ocp.args.Composite(
+          params=ocp.args.StandardRestore(_abstract(params_like, default_sharding))))["params"]
     try:
-      out = self.manager.restore(step, args=ocp.args.Composite(
-          params=ocp.args.StandardRestore(_abstract(params_like))))
+      return restore()
+    except (ValueError, TypeError, KeyError) as e:
+      if "topology" not in str(e).lower():
+        raise _shape_error(self.directory, step, e) from None
+    # saved on other devices (e.g. imported over 8 devices, decoded on 1): the first device
+    try:
+      return restore(jax.sharding.SingleDeviceSharding(jax.devices()[0]))
     except (ValueError, TypeError, KeyError) as e:
       raise _shape_error(self.directory, step, e) from None
-    return out["params"]
 
   def wait(self):
     self.manager.wait_until_finished()

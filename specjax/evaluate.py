@@ -133,9 +133,10 @@ class Harness:
     self.sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
     self.target = run_dir_lib.load_target(cfg.run_dir)
     self.tok = run_dir_lib.load_tokenizer(cfg.run_dir)
+    self.special = run_dir_lib.load_special_ids(cfg.run_dir)
     self.texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
-    ids = [tokenizer_lib.encode(self.tok, t) for t in self.texts]
-    self.tokens, self.lens = pad_prompts(ids, tokenizer_lib.PAD_ID)
+    ids = [tokenizer_lib.encode(self.tok, t, self.special) for t in self.texts]
+    self.tokens, self.lens = pad_prompts(ids, self.special.pad_id)
     check_fits(self.lens, cfg.max_new_tokens, max(lookahead(m, cfg) for m in methods),
                cfg.cache_len)
     self.ar_outputs = None
@@ -144,15 +145,15 @@ class Harness:
     """Decodes every prompt with one method and returns its SPEC section 4 entry."""
     sampler, target = self.sampler, self.target
     batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
-    decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len,
-                                             tokenizer_lib.EOS_ID)
+    eos_id = self.special.eos_id
+    decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len, eos_id)
     if drafter is None:
       call = lambda t, l, r: decoder(target.params, t, l, r)
     else:
       call = lambda t, l, r: decoder(target.params, dparams, t, l, r)
     results, wall = run_batches(call, batches, jax.random.key(cfg.seed), cfg.timing_repeats)
     k = lookahead(method, cfg)
-    outputs, metrics = summarize(method, results, wall, batch_sizes, tokenizer_lib.EOS_ID, k)
+    outputs, metrics = summarize(method, results, wall, batch_sizes, eos_id, k)
     if method == "ar":
       self.ar_outputs = outputs
     greedy = sampler.greedy and self.ar_outputs is not None

@@ -95,9 +95,38 @@ def abstract_transformer(model_cfg: TransformerConfig):
   return nnx.split(nnx.eval_shape(lambda: Transformer(model_cfg, rngs=nnx.Rngs(0))), nnx.Param)
 
 
+def _target_tokenizer_info(run_dir: str):
+  """The `tokenizer` entry of the target's config.json (an imported target), or None."""
+  path = os.path.join(model_dir(run_dir, "target"), "config.json")
+  if not os.path.exists(path):
+    return None
+  return load_config(os.path.dirname(path)).get("tokenizer")
+
+
 def load_tokenizer(run_dir: str):
   folder = require_model_dir(run_dir, "target")
-  return tokenizer_lib.load_tokenizer(os.path.join(folder, "tokenizer.json"))
+  return tokenizer_lib.load_tokenizer(
+      os.path.join(folder, "tokenizer.json"),
+      check_specjax_ids=_target_tokenizer_info(run_dir) is None)
+
+
+def load_special_ids(run_dir: str) -> tokenizer_lib.SpecialIds:
+  """The run's special token ids: an imported target's own, else specjax's fixed ones."""
+  info = _target_tokenizer_info(run_dir)
+  if info is None:
+    return tokenizer_lib.DEFAULT_SPECIAL_IDS
+  try:
+    return tokenizer_lib.SpecialIds.from_dict(info.to_dict())
+  except TypeError as e:
+    raise SpecjaxError(f"bad 'tokenizer' entry in the target config.json of {run_dir}: {e}"
+                       ) from None
+
+
+def vocab_size(run_dir: str) -> int:
+  """The target's vocabulary (embedding rows): its config's `vocab_size` where it has one (an
+  imported checkpoint may have more rows than tokens), else its tokenizer's size."""
+  cfg = load_config(require_model_dir(run_dir, "target"))
+  return int(cfg.get("vocab_size") or load_tokenizer(run_dir).get_vocab_size())
 
 
 def restore_params(folder: str, abstract, with_step: bool = False):
@@ -115,8 +144,7 @@ def load_transformer(run_dir: str, name: str = "target") -> LoadedModel:
   Its vocabulary is the target's tokenizer's."""
   folder = require_model_dir(run_dir, name)
   cfg = load_config(folder)
-  vocab = load_tokenizer(run_dir).get_vocab_size()
-  model_cfg = transformer_config(cfg.model, vocab)
+  model_cfg = transformer_config(cfg.model, vocab_size(run_dir))
   graphdef, abstract = abstract_transformer(model_cfg)
   params, step = restore_params(folder, abstract, with_step=True)
   return LoadedModel(cfg, model_cfg, graphdef, params, step)

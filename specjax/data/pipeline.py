@@ -62,10 +62,10 @@ def iter_texts(source, feature: str, limit: int | None = None) -> Iterator[str]:
     yield record_text(source[i], feature)
 
 
-def tokenize_fn(tok, feature: str):
+def tokenize_fn(tok, feature: str, special=tokenizer_lib.DEFAULT_SPECIAL_IDS):
   def fn(record):
-    ids = tokenizer_lib.encode(tok, record_text(record, feature))
-    ids.append(tokenizer_lib.EOS_ID)
+    ids = tokenizer_lib.encode(tok, record_text(record, feature), special)
+    ids.append(special.eos_id)
     return {"tokens": np.asarray(ids, np.int32)}
   return fn
 
@@ -84,7 +84,8 @@ def with_loss_mask(batch: dict) -> dict:
 
 def packed_batches(source, tok, *, feature: str, seq_len: int, batch_size: int, seed: int,
                    train: bool, process_index: int = 0, process_count: int = 1,
-                   shuffle_window: int = 1024):
+                   shuffle_window: int = 1024,
+                   special=tokenizer_lib.DEFAULT_SPECIAL_IDS):
   """A grain IterDataset of packed batches for this process (its share of the documents).
 
   train=True: documents shuffled (reshuffled every epoch) and repeated forever; packed rows
@@ -100,7 +101,7 @@ def packed_batches(source, tok, *, feature: str, seq_len: int, batch_size: int, 
     raise SpecjaxError("the dataset split is empty for this process; use a bigger corpus")
   if train:
     ds = ds.shuffle(seed=seed).repeat()
-  ds = ds.map(tokenize_fn(tok, feature)).to_iter_dataset()
+  ds = ds.map(tokenize_fn(tok, feature, special)).to_iter_dataset()
   ds = grain.experimental.ConcatThenSplitIterDataset(ds, length_struct={"tokens": seq_len})
   if train and shuffle_window > 1:
     ds = grain.experimental.WindowShuffleIterDataset(ds, window_size=shuffle_window, seed=seed)

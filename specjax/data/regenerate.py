@@ -16,20 +16,22 @@ import grain
 import jax
 import numpy as np
 
+from specjax import run_dir as run_dir_lib
 from specjax.data import pipeline, tokenizer as tokenizer_lib
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.sampling import Sampler
 from specjax.errors import SpecjaxError
 
 
-def _prompts(source, tok, feature: str, count: int, prompt_len: int, seed: int):
+def _prompts(source, tok, feature: str, count: int, prompt_len: int, seed: int,
+             special=tokenizer_lib.DEFAULT_SPECIAL_IDS):
   rng = np.random.default_rng(seed)
   out = []
   order = rng.permutation(len(source))
   i = 0
   while len(out) < count:
     ids = tokenizer_lib.encode(tok, pipeline.record_text(source[int(order[i % len(order)])],
-                                                         feature))
+                                                         feature), special)
     i += 1
     if len(ids) > prompt_len:
       start = int(rng.integers(0, len(ids) - prompt_len))
@@ -39,11 +41,11 @@ def _prompts(source, tok, feature: str, count: int, prompt_len: int, seed: int):
   return np.asarray(out, np.int32)
 
 
-def generate(target, prompts, new_tokens: int, batch_size: int) -> np.ndarray:
+def generate(target, prompts, new_tokens: int, batch_size: int,
+             special=tokenizer_lib.DEFAULT_SPECIAL_IDS) -> np.ndarray:
   """[N, prompt_len + new_tokens]: prompt then greedy continuation, PAD after any EOS."""
   n, p = prompts.shape
-  dec = ARDecoder(target.graphdef, Sampler(), new_tokens, p + new_tokens + 1,
-                  tokenizer_lib.EOS_ID)
+  dec = ARDecoder(target.graphdef, Sampler(), new_tokens, p + new_tokens + 1, special.eos_id)
   rows = []
   for start in range(0, n, batch_size):
     chunk = prompts[start:start + batch_size]
@@ -52,7 +54,7 @@ def generate(target, prompts, new_tokens: int, batch_size: int) -> np.ndarray:
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
     r = dec(target.params, chunk, np.full((batch_size,), p, np.int32), jax.random.key(0))
     toks, counts = np.asarray(r.tokens_BxN), np.asarray(r.num_tokens_B)
-    toks = np.where(np.arange(new_tokens)[None] < counts[:, None], toks, tokenizer_lib.PAD_ID)
+    toks = np.where(np.arange(new_tokens)[None] < counts[:, None], toks, special.pad_id)
     rows.append(np.concatenate([chunk, toks], 1)[:real])
   return np.concatenate(rows)
 
@@ -69,9 +71,10 @@ def regenerated(cfg, target, tok, split: str, count: int) -> np.ndarray:
   print(f"[regenerate] {count} greedy continuations of {split} prompts "
         f"({r.prompt_len} + {r.new_tokens} tokens) -> {path}", flush=True)
   source = pipeline.open_split(cfg.data, split)
+  special = run_dir_lib.load_special_ids(cfg.run_dir)
   prompts = _prompts(source, tok, cfg.data.text_feature, count, r.prompt_len,
-                     cfg.seed + (split == cfg.data.validation_split))
-  rows = generate(target, prompts, r.new_tokens, r.batch_size)
+                     cfg.seed + (split == cfg.data.validation_split), special)
+  rows = generate(target, prompts, r.new_tokens, r.batch_size, special)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   if jax.process_index() == 0:  # one writer; the key beside the data says what made it
     with open(path[:-len(".npy")] + ".json", "w") as f:
@@ -81,11 +84,12 @@ def regenerated(cfg, target, tok, split: str, count: int) -> np.ndarray:
   return rows
 
 
-def as_batch(rows: np.ndarray) -> dict:
-  """Regenerated rows as training batches (one document per row; PAD after EOS is dropped)."""
+def as_batch(rows: np.ndarray, pad_id: int = tokenizer_lib.PAD_ID) -> dict:
+  """Regenerated rows as training batches (one document per row; PAD after EOS is dropped).
+  Where a tokenizer has no pad token, pad_id is the EOS id and the EOS itself is dropped too."""
   tokens = rows.astype(np.int32)
   b, t = tokens.shape
-  is_pad = tokens == tokenizer_lib.PAD_ID
+  is_pad = tokens == pad_id
   seg = np.where(np.cumsum(is_pad, axis=1) > 0, 0, 1).astype(np.int32)
   positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
   return pipeline.with_loss_mask({"tokens": tokens, "tokens_positions": positions,
@@ -100,11 +104,13 @@ def regenerated_data(cfg, target, tok):
                        f"must equal seq_len = {cfg.seq_len}")
   train_rows = regenerated(cfg, target, tok, cfg.data.train_split, r.num_sequences)
   val_rows = regenerated(cfg, target, tok, cfg.data.validation_split, r.num_validation)
+  pad_id = run_dir_lib.load_special_ids(cfg.run_dir).pad_id
   local = cfg.batch_size // jax.process_count()
   ds = grain.MapDataset.source(list(train_rows))
   if jax.process_count() > 1:
     ds = ds[jax.process_index()::jax.process_count()]
   ds = ds.shuffle(seed=cfg.seed).repeat().batch(local, drop_remainder=True)
-  ds = ds.map(lambda rows: as_batch(np.stack(rows) if isinstance(rows, list) else rows))
-  val = [as_batch(val_rows[i:i + local]) for i in range(0, len(val_rows) - local + 1, local)]
+  ds = ds.map(lambda rows: as_batch(np.stack(rows) if isinstance(rows, list) else rows,
+                                    pad_id))
+  val = [as_batch(val_rows[i:i + local], pad_id) for i in range(0, len(val_rows) - local + 1, local)]
   return ds.to_iter_dataset(), val[:cfg.eval_batches]

@@ -43,7 +43,7 @@ def draft_loss(graphdef, target_graphdef, distill: bool):
 def train_draft(cfg):
   target = run_dir_lib.load_target(cfg.run_dir)
   tok = run_dir_lib.load_tokenizer(cfg.run_dir)
-  model_cfg = run_dir_lib.transformer_config(cfg.model, tok.get_vocab_size())
+  model_cfg = run_dir_lib.transformer_config(cfg.model, run_dir_lib.vocab_size(cfg.run_dir))
   run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, "draft"),
                                             "config.json"))
   graphdef, _ = run_dir_lib.abstract_transformer(model_cfg)
