@@ -163,3 +163,65 @@ def test_export_of_learned_mask_vector_is_an_error(imported, tmp_path):
   path.write_text(json.dumps(cfg))
   with pytest.raises(SpecjaxError, match="mask_token_id"):
     zlab.export_dflash(str(other), str(tmp_path / "out"))
+
+
+@pytest.fixture(scope="module")
+def trained_export(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  """specjax DFlash trained briefly with a mask token (so it exports), exported with its
+  target: (run dir, z-lab drafter folder, HF target folder)."""
+  from conftest import tiny_train_config
+  from specjax.interop import hf
+  from specjax.training import registry
+  root = tmp_path_factory.mktemp("zlab_trained")
+  run = root / "run"
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  cfg = tiny_train_config("dflash_tiny.py", run, template_corpus_dir, tfds_dir,
+                          num_steps=100, log_every=50, eval_every=100, save_every=100,
+                          learning_rate=3e-3, block_size=4, gamma=4.0, num_anchors=8,
+                          mask_token_id=VOCAB - 1, feature_layers=(1,))
+  cfg.regen.update(dict(num_sequences=96, num_validation=8, prompt_len=8, new_tokens=24,
+                        batch_size=32))
+  registry.train(cfg)
+  zlab.export_dflash(str(run), str(root / "zlab"))
+  hf.export_hf(str(run), str(root / "hf"))
+  return str(run), str(root / "zlab"), str(root / "hf")
+
+
+def test_greedy_decoding_matches_dflash_generate(trained_export, monkeypatch):
+  """Same output ids and the same per-step committed lengths as the reference loop."""
+  import time
+
+  from transformers import AutoModelForCausalLM
+
+  from decoding_helpers import drive_drafter, run_spec, to_lists
+  from specjax.drafters.dflash import DFlashDrafter
+  run, zdir, hfdir = trained_export
+  monkeypatch.setattr(dflash_model, "_cuda_time", time.perf_counter)  # no CUDA on CI
+  ref_target = AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
+  ref_drafter = dflash_model.DFlashDraftModel.from_pretrained(zdir, dtype=torch.float32).eval()
+  target = run_dir_lib.load_target(run)
+  graphdef, params, layers = dflash_training.load_dflash(run, target, 4)
+  drafter = DFlashDrafter(3, graphdef=graphdef, target_feature_layers=layers)
+  tok = run_dir_lib.load_tokenizer(run)
+  max_new, agree, total, committed = 24, 0, 0, []
+  for a, b, name in [(1, 2, "alpha"), (3, 4, "gamma"), (5, 6, "omega")]:
+    prompt = tok.encode(f"def {name}_{a}{b}(x):\n    return x * {a} + {b}\n\ndef ").ids
+    stats = dflash_model.dflash_generate(ref_drafter, ref_target, torch.tensor([prompt]),
+                                         max_new, None, temperature=0.0, return_stats=True)
+    ref_ids = stats.output_ids[0, len(prompt):].tolist()
+    ours = to_lists(run_spec(target.graphdef, target.params, drafter, params, [prompt],
+                             max_new, eos=-1), -1)[0]
+    assert ours == ref_ids
+    # per step: the reference commits m + 1 (fewer only when max_new_tokens clips the step)
+    m = drive_drafter(target.graphdef, target.params, drafter, params, [prompt],
+                      len(stats.acceptance_lengths), None)[:, 0]
+    start = 1
+    for ref_len, ours_m in zip(stats.acceptance_lengths, m):
+      if start + 4 <= max_new:  # the reference drafts a shorter block near the end
+        assert ref_len == ours_m + 1
+        agree, total = agree + 1, total + 1
+      start += ref_len
+    committed += stats.acceptance_lengths
+  print(f"dflash_generate: outputs identical, {agree}/{total} steps compared, committed per "
+        f"step {committed}")
+  assert max(committed) > 1  # the drafter accepts something

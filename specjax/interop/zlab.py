@@ -89,8 +89,8 @@ def _read_json(path: str) -> dict:
 def _target_cfg(run_dir: str):
   """The target's TransformerConfig, from its config and tokenizer only (no weights)."""
   folder = run_dir_lib.require_model_dir(run_dir, "target")
-  vocab = run_dir_lib.load_tokenizer(run_dir).get_vocab_size()
-  return run_dir_lib.transformer_config(run_dir_lib.load_config(folder).model, vocab)
+  return run_dir_lib.transformer_config(run_dir_lib.load_config(folder).model,
+                                        run_dir_lib.vocab_size(run_dir))
 
 
 def _rope_theta(config: dict) -> float:
