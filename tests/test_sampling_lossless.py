@@ -110,3 +110,36 @@ def test_broken_verifier_that_accepts_everything_fails(target, monkeypatch):
   worst = max(tv(e, x) for e, x in zip(empirical(result), exact))
   jax.clear_caches()
   assert worst > 3 * TOL
+
+
+STEPS = 5  # > K + 1: steps that accept every draft and add the bonus token are checked too
+
+
+def sampled_q_drafters():
+  """DFlash and parallel MTP drawing each draft from its own q_k (verified with q)."""
+  from specjax.drafters.dflash import DFlashDrafter, DFlashModel
+  from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
+  g, _ = tiny_model(V, seed=3)
+  cfg = nnx.merge(g, _).cfg
+  dg, dp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(1), mask_token_id=V - 1), nnx.Param)
+  heads = ParallelHeads(cfg.d_model, 2, rngs=nnx.Rngs(2))
+  hg, hp = nnx.split(heads, nnx.Param)
+  hp = jax.tree.map(lambda w: 0.3 * jax.random.normal(jax.random.key(7), w.shape), hp)
+  return {
+      "dflash": (DFlashDrafter(2, graphdef=dg, target_feature_layers=(1, 2),
+                               proposal="sample"), dp),
+      "mtp_parallel": (MTPParallelDrafter(2, graphdef=hg, proposal="sample"), hp),
+  }
+
+
+@pytest.mark.parametrize("name", ["dflash", "mtp_parallel"])
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=["t1", "t0.8_k5_p0.9"])
+def test_sampled_q_proposals_match_exact_distribution(target, sampler, name):
+  g, p = target
+  exact = exact_marginals(g, p, sampler, steps=STEPS)
+  drafter, dp = sampled_q_drafters()[name]
+  result = run_spec(g, p, drafter, dp, [PROMPT] * N, STEPS, sampler=sampler, cache_len=16,
+                    eos=-1, seed=5)
+  assert int(result.accept_counts[-1]) > N // 20  # every draft accepted, then the bonus
+  for t, (e, x) in enumerate(zip(empirical(result, STEPS), exact)):
+    assert tv(e, x) < TOL, (name, t, tv(e, x))
