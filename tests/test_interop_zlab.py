@@ -176,10 +176,10 @@ def trained_export(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
   run = root / "run"
   shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
   cfg = tiny_train_config("dflash_tiny.py", run, template_corpus_dir, tfds_dir,
-                          num_steps=100, log_every=50, eval_every=100, save_every=100,
+                          num_steps=60, log_every=60, eval_every=60, save_every=60,
                           learning_rate=3e-3, block_size=4, gamma=4.0, num_anchors=8,
                           mask_token_id=VOCAB - 1, feature_layers=(1,))
-  cfg.regen.update(dict(num_sequences=96, num_validation=8, prompt_len=8, new_tokens=24,
+  cfg.regen.update(dict(num_sequences=64, num_validation=8, prompt_len=8, new_tokens=24,
                         batch_size=32))
   registry.train(cfg)
   zlab.export_dflash(str(run), str(root / "zlab"))
@@ -204,7 +204,7 @@ def test_greedy_decoding_matches_dflash_generate(trained_export, monkeypatch):
   drafter = DFlashDrafter(3, graphdef=graphdef, target_feature_layers=layers)
   tok = run_dir_lib.load_tokenizer(run)
   max_new, agree, total, committed = 24, 0, 0, []
-  for a, b, name in [(1, 2, "alpha"), (3, 4, "gamma"), (5, 6, "omega")]:
+  for a, b, name in [(1, 2, "alpha"), (5, 6, "omega")]:
     prompt = tok.encode(f"def {name}_{a}{b}(x):\n    return x * {a} + {b}\n\ndef ").ids
     stats = dflash_model.dflash_generate(ref_drafter, ref_target, torch.tensor([prompt]),
                                          max_new, None, temperature=0.0, return_stats=True)
