@@ -88,3 +88,20 @@ class Checkpoints:
 
   def close(self):
     self.manager.close()
+
+
+def save_params_only(directory: str, step: int, params, host_bytes: int):
+  """Writes `params` as step `step` of a checkpoint that `Checkpoints.restore_params` reads,
+  moving at most about `host_bytes` from device to host at a time (a large imported model is
+  never copied to the host whole)."""
+  handler = ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=host_bytes / 1e9,
+                                        save_concurrent_gb=host_bytes / 1e9)
+  manager = ocp.CheckpointManager(
+      os.path.abspath(directory),
+      options=ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False),
+      item_names=("params",), item_handlers={"params": handler})
+  try:
+    manager.save(step, args=ocp.args.Composite(params=ocp.args.PyTreeSave(params)))
+    manager.wait_until_finished()
+  finally:
+    manager.close()

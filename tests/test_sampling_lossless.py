@@ -1,6 +1,7 @@
 """Sampling is lossless: on an 8-token vocabulary, the distribution of each of the first
-three generated tokens matches the target's exact marginal, whatever the drafter; a broken
-verifier that accepts everything fails the same test.
+five generated tokens matches the target's exact marginal, whatever the drafter. With K = 2
+drafts and 5 tokens, steps that accept every draft (and so emit the bonus token) are part of
+what is checked. Broken verifiers fail the same test.
 
 Tolerance: total variation < 0.04 per position with N = 6000 samples (the expected TV of an
 exact sampler is about 0.015 here).
@@ -12,13 +13,18 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import broken_verifiers
 from decoding_helpers import run_ar, run_spec, tiny_model
 from specjax.decoding import speculative
 from specjax.decoding.sampling import Sampler
+from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
+from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
 
 V, N, TOL = 8, 6000, 0.04
+K, STEPS = 2, 5  # STEPS > K + 1: all-accepted steps and their bonus tokens are checked
 PROMPT = [3, 5, 3]
 
 
@@ -27,7 +33,7 @@ def target():
   return tiny_model(V, seed=3)  # marginals with real spread (max prob ~0.3)
 
 
-def exact_marginals(graphdef, params, sampler, steps=3):
+def exact_marginals(graphdef, params, sampler, steps=STEPS):
   """P(x_t = v) for t = 1..steps, by enumerating every prefix (V^(steps-1) of them)."""
   model = nnx.merge(graphdef, params)
   marginals = []
@@ -47,7 +53,7 @@ def exact_marginals(graphdef, params, sampler, steps=3):
   return marginals
 
 
-def empirical(result, steps=3):
+def empirical(result, steps=STEPS):
   tokens = np.asarray(result.tokens_BxN)[:, :steps]
   return [np.bincount(tokens[:, t], minlength=V) / len(tokens) for t in range(steps)]
 
@@ -56,26 +62,58 @@ def tv(a, b):
   return 0.5 * np.abs(np.asarray(a) - np.asarray(b)).sum()
 
 
+def perturbed(params, seed, scale):
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
+                                   for x, k in zip(leaves, keys)])
+
+
 SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
 
 
 def drafters(target):
+  """Every drafter kind at K = 2: full-q proposals (draft model, sequential MTP, whose q
+  depends on the drafts before it; parallel MTP and DFlash drawing each draft from its own
+  q_k) and one-hot proposals (prompt lookup; parallel MTP and DFlash proposing argmax)."""
   g, p = target
+  cfg = nnx.merge(g, p).cfg
   dg, dp = tiny_model(V, seed=1, layers=1, d=16)
   bg, bp = tiny_model(V, seed=2, layers=1, d=16, logit_scale=30.0)  # confident and wrong
+  hg, hp = nnx.split(ParallelHeads(cfg.d_model, K, rngs=nnx.Rngs(4)), nnx.Param)
+  sg, sp = nnx.split(SequentialModules(cfg, K, rngs=nnx.Rngs(5)), nnx.Param)
+  fg, fp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6)), nnx.Param)
+  mg, mp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6), mask_token_id=V - 1), nnx.Param)
   return {
-      "draft_model": (DraftModelDrafter(2, graphdef=dg), dp),
-      "bad_drafter": (DraftModelDrafter(2, graphdef=bg), bp),
-      "target_itself": (DraftModelDrafter(2, graphdef=g), p),
-      "prompt_lookup": (PromptLookupDrafter(2), None),  # one-hot proposals
+      "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
+      "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
+      "target_itself": (DraftModelDrafter(K, graphdef=g), p),  # accepts all: bonus every step
+      "prompt_lookup": (PromptLookupDrafter(K), None),
+      "mtp_parallel_argmax": (MTPParallelDrafter(K, graphdef=hg, proposal="argmax"),
+                              perturbed(hp, 7, 0.3)),
+      "mtp_parallel_sample": (MTPParallelDrafter(K, graphdef=hg, proposal="sample"),
+                              perturbed(hp, 7, 0.3)),
+      "mtp_sequential": (MTPSequentialDrafter(K, graphdef=sg, target_layers=cfg.num_layers),
+                         sp),
+      "dflash_argmax": (DFlashDrafter(K, graphdef=fg, target_feature_layers=(1, 2),
+                                      proposal="argmax"), fp),
+      "dflash_sample": (DFlashDrafter(K, graphdef=mg, target_feature_layers=(1, 2),
+                                      proposal="sample"), mp),  # mask = a token's embedding
   }
+
+
+def worst_tv(target, drafter, dp, sampler, exact, seed=2):
+  g, p = target
+  result = run_spec(g, p, drafter, dp, [PROMPT] * N, STEPS, sampler=sampler, cache_len=16,
+                    eos=-1, seed=seed)
+  return max(tv(e, x) for e, x in zip(empirical(result), exact)), result
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS, ids=["t1", "t0.8_k5_p0.9"])
 def test_ar_sampling_matches_exact_distribution(target, sampler):
   g, p = target
   exact = exact_marginals(g, p, sampler)
-  result = run_ar(g, p, [PROMPT] * N, 3, sampler=sampler, cache_len=16, eos=-1, seed=1)
+  result = run_ar(g, p, [PROMPT] * N, STEPS, sampler=sampler, cache_len=16, eos=-1, seed=1)
   for t, (e, x) in enumerate(zip(empirical(result), exact)):
     assert tv(e, x) < TOL, (t, tv(e, x))
 
@@ -86,60 +124,25 @@ def test_speculative_sampling_matches_exact_distribution(target, sampler):
   exact = exact_marginals(g, p, sampler)
   assert max(m.max() for m in exact) < 0.7  # a spread distribution, not a trivial one
   for name, (drafter, dp) in drafters(target).items():
-    result = run_spec(g, p, drafter, dp, [PROMPT] * N, 3, sampler=sampler, cache_len=16,
-                      eos=-1, seed=2)
-    for t, (e, x) in enumerate(zip(empirical(result), exact)):
-      assert tv(e, x) < TOL, (name, t, tv(e, x))
+    worst, result = worst_tv(target, drafter, dp, sampler, exact)
+    assert worst < TOL, (name, worst)
+    if name == "target_itself":  # every step accepted both drafts and emitted a bonus
+      counts = np.asarray(result.accept_counts)
+      assert counts[:K].sum() == 0 and counts[K] > 0
 
 
-def test_broken_verifier_that_accepts_everything_fails(target, monkeypatch):
-  g, p = target
+@pytest.mark.parametrize("broken, drafter_name", [
+    ("accept_everything", "bad_drafter"),
+    ("bonus_argmax", "target_itself"),
+    ("residual_unclipped", "draft_model"),
+    ("q_ignored", "draft_model"),
+])
+def test_broken_verifier_fails_the_end_to_end_test(target, monkeypatch, broken, drafter_name):
   sampler = SAMPLERS[0]
-  exact = exact_marginals(g, p, sampler)
-
-  def accept_all(p_BxK1xV, drafts_BxK, q, rng):
-    k = drafts_BxK.shape[1]
-    nxt = jax.random.categorical(rng, jnp.log(p_BxK1xV[:, k]), axis=-1)
-    return jnp.full(drafts_BxK.shape[:1], k, jnp.int32), nxt.astype(jnp.int32)
-
-  monkeypatch.setattr(speculative, "verify_sampling", accept_all)
+  exact = exact_marginals(*target, sampler)
+  monkeypatch.setattr(speculative, "verify_sampling", broken_verifiers.BROKEN[broken])
   jax.clear_caches()
-  drafter, dp = drafters(target)["bad_drafter"]
-  result = run_spec(g, p, drafter, dp, [PROMPT] * N, 3, sampler=sampler, cache_len=16,
-                    eos=-1, seed=2)
-  worst = max(tv(e, x) for e, x in zip(empirical(result), exact))
+  drafter, dp = drafters(target)[drafter_name]
+  worst, _ = worst_tv(target, drafter, dp, sampler, exact)
   jax.clear_caches()
-  assert worst > 3 * TOL
-
-
-STEPS = 5  # > K + 1: steps that accept every draft and add the bonus token are checked too
-
-
-def sampled_q_drafters():
-  """DFlash and parallel MTP drawing each draft from its own q_k (verified with q)."""
-  from specjax.drafters.dflash import DFlashDrafter, DFlashModel
-  from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
-  g, _ = tiny_model(V, seed=3)
-  cfg = nnx.merge(g, _).cfg
-  dg, dp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(1), mask_token_id=V - 1), nnx.Param)
-  heads = ParallelHeads(cfg.d_model, 2, rngs=nnx.Rngs(2))
-  hg, hp = nnx.split(heads, nnx.Param)
-  hp = jax.tree.map(lambda w: 0.3 * jax.random.normal(jax.random.key(7), w.shape), hp)
-  return {
-      "dflash": (DFlashDrafter(2, graphdef=dg, target_feature_layers=(1, 2),
-                               proposal="sample"), dp),
-      "mtp_parallel": (MTPParallelDrafter(2, graphdef=hg, proposal="sample"), hp),
-  }
-
-
-@pytest.mark.parametrize("name", ["dflash", "mtp_parallel"])
-@pytest.mark.parametrize("sampler", SAMPLERS, ids=["t1", "t0.8_k5_p0.9"])
-def test_sampled_q_proposals_match_exact_distribution(target, sampler, name):
-  g, p = target
-  exact = exact_marginals(g, p, sampler, steps=STEPS)
-  drafter, dp = sampled_q_drafters()[name]
-  result = run_spec(g, p, drafter, dp, [PROMPT] * N, STEPS, sampler=sampler, cache_len=16,
-                    eos=-1, seed=5)
-  assert int(result.accept_counts[-1]) > N // 20  # every draft accepted, then the bonus
-  for t, (e, x) in enumerate(zip(empirical(result, STEPS), exact)):
-    assert tv(e, x) < TOL, (name, t, tv(e, x))
+  assert worst > 2 * TOL, (broken, worst)

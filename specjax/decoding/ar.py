@@ -16,7 +16,7 @@ from specjax.decoding.common import DecodeLoop, DecodeResult, LoopState, commit_
 class ARDecoder(DecodeLoop):
 
   @functools.partial(jax.jit, static_argnums=0)
-  def __call__(self, params, tokens_BxP, lens_B, rng) -> DecodeResult:
+  def decode(self, params, tokens_BxP, lens_B, rng) -> DecodeResult:
     target = nnx.merge(self.graphdef, params)
     cache, _, rng, first_B, out, count, done, max_new_B = self.start(target, tokens_BxP, lens_B,
                                                                      rng)

@@ -38,8 +38,13 @@ def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 16):
   return tokens, np.asarray([len(p) for p in prompts], np.int32)
 
 
-def check_fits(prompt_lens, max_new_tokens: int, lookahead: int, cache_len: int):
-  """Every row must fit prompt + max_new_tokens + the verify window in the cache."""
+def check_fits(prompt_lens, max_new_tokens: int, lookahead: int, cache_len: int,
+               padded_width: int = 0):
+  """Every row must fit prompt + max_new_tokens + the verify window in the cache (and the
+  prefill writes the prompts at their padded width)."""
+  if padded_width > cache_len:
+    raise SpecjaxError(f"prompts padded to {padded_width} tokens do not fit cache_len="
+                       f"{cache_len}; raise --config.cache_len or shorten the prompts")
   need = int(np.max(prompt_lens)) + max_new_tokens + lookahead + 1
   if need > cache_len:
     i = int(np.argmax(prompt_lens))
@@ -68,7 +73,7 @@ def commit_tokens(out_BxN, count_B, done_B, new_BxT, num_new_B, max_new_B, eos_i
   has_eos = is_eos.any(-1)
   n = jnp.where(has_eos, jnp.argmax(is_eos, -1) + 1, num_new_B)
   n = jnp.where(active, jnp.minimum(n, max_new_B - count_B), 0)
-  out_BxN = jnp.where(active[:, None], write_rows(out_BxN, new_BxT, count_B), out_BxN)
+  out_BxN = write_rows(out_BxN, new_BxT, count_B, where_B=active)
   count_B = count_B + n
   done_B = done_B | (active & has_eos) | (count_B >= max_new_B)
   return out_BxN, count_B, done_B
@@ -97,6 +102,21 @@ class DecodeLoop:
   cache_len: int
   eos_id: int
   keep_cache: bool = False  # return the final target cache (tests inspect it)
+
+  @property
+  def lookahead(self) -> int:
+    """Positions a step writes past the committed length (the drafts)."""
+    return 0
+
+  def __call__(self, *args) -> DecodeResult:
+    """args: the parameters the loop takes, then tokens_BxP, lens_B, rng. Checks on the host
+    that every row fits the cache (a row past it would silently overwrite its own
+    history), then runs the jitted loop `decode`."""
+    tokens_BxP, lens_B = args[-3], args[-2]
+    if not isinstance(lens_B, jax.core.Tracer):
+      check_fits(np.asarray(lens_B), self.max_new_tokens, self.lookahead, self.cache_len,
+                 tokens_BxP.shape[1])
+    return self.decode(*args)
 
   def start(self, target, tokens_BxP, lens_B, rng, feature_layers=(), lookahead: int = 0):
     """Prefill, then the first token (sampled from the prompt's last logits) committed.

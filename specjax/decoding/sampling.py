@@ -35,15 +35,20 @@ class Sampler:
   def log_probs(self, logits_xV):
     """Processed log-probabilities (-inf outside the top-k / top-p set)."""
     logits = logits_xV.astype(jnp.float32) / self.temperature
-    if self.top_k:
-      kth = jax.lax.top_k(logits, min(self.top_k, logits.shape[-1]))[0][..., -1:]
-      logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if self.top_p < 1.0:
-      sorted_desc = jnp.sort(logits, axis=-1)[..., ::-1]
-      probs = jax.nn.softmax(sorted_desc, axis=-1)
-      before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-      keep = before < self.top_p
-      threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
+    if self.top_k and self.top_k < logits.shape[-1]:
+      # top-p then only needs the k candidates, already sorted: no sort over the vocabulary
+      candidates = jax.lax.top_k(logits, self.top_k)[0]
+    elif self.top_p < 1.0:
+      candidates = jnp.sort(logits, axis=-1)[..., ::-1]
+    else:
+      candidates = None
+    if candidates is not None:
+      threshold = candidates[..., -1:]
+      if self.top_p < 1.0:
+        probs = jax.nn.softmax(candidates, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
+        threshold = jnp.min(jnp.where(before < self.top_p, candidates, jnp.inf), axis=-1,
+                            keepdims=True)
       logits = jnp.where(logits < threshold, -jnp.inf, logits)
     return jax.nn.log_softmax(logits, axis=-1)
 

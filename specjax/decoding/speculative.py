@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +32,16 @@ class SpecState(LoopState):
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder(DecodeLoop):
   drafter: Drafter = None
+  # the T > 0 rule (p, drafts, q | None, rng) -> (m, next): a research hook; the default is
+  # the lossless rule of SPEC section 2
+  sampling_verifier: Callable = verify_sampling
+
+  @property
+  def lookahead(self) -> int:
+    return self.drafter.num_draft_tokens
 
   @functools.partial(jax.jit, static_argnums=0)
-  def __call__(self, target_params, drafter_params, tokens_BxP, lens_B, rng) -> DecodeResult:
+  def decode(self, target_params, drafter_params, tokens_BxP, lens_B, rng) -> DecodeResult:
     target = nnx.merge(self.graphdef, target_params)
     drafter, k = self.drafter, self.drafter.num_draft_tokens
     b, p = tokens_BxP.shape
@@ -59,8 +67,8 @@ class SpeculativeDecoder(DecodeLoop):
       if self.sampler.greedy:
         m_B, next_B = verify_greedy(verify_out.logits_BxTxV, drafts_BxK)
       else:
-        m_B, next_B = verify_sampling(self.sampler.probs(verify_out.logits_BxTxV), drafts_BxK,
-                                      q, verify_rng)
+        m_B, next_B = self.sampling_verifier(self.sampler.probs(verify_out.logits_BxTxV),
+                                             drafts_BxK, q, verify_rng)
       # committed this step: d_1..d_m then the target's token
       slot = jnp.arange(k + 1)[None, :]
       new_BxK1 = jnp.where(slot < m_B[:, None], jnp.pad(drafts_BxK, ((0, 0), (0, 1))),
@@ -68,13 +76,15 @@ class SpeculativeDecoder(DecodeLoop):
       active = ~s.done_B
       out, count, done = commit_tokens(s.out_BxN, s.count_B, s.done_B, new_BxK1, m_B + 1,
                                        max_new_B, self.eos_id)
-      new_end = jnp.where(active, end_B + m_B + 1, end_B)
-      seq = jnp.where(active[:, None], write_rows(s.seq_BxS, new_BxK1, end_B + 1), s.seq_BxS)
+      # EOS or max_new_tokens may cut a row's last step short: its cache then keeps only what
+      # it committed (n <= m + 1 tokens), so a finished row never writes past the cache
+      n_B = count - s.count_B
+      seq = write_rows(s.seq_BxS, new_BxK1, end_B + 1, where_B=active)
       draft_state = drafter.commit(
           drafter_params, target, draft_state,
-          Verified(window, end_B, m_B, next_B, verify_out, active))
+          Verified(window, end_B, jnp.maximum(n_B - 1, 0), next_B, verify_out, active))
       hist = (jax.nn.one_hot(m_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
-      return SpecState(cache=verify_out.cache.rollback(new_end),
+      return SpecState(cache=verify_out.cache.rollback(end_B + n_B),
                        pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
                        count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
                        steps_B=s.steps_B + active, draft_state=draft_state, seq_BxS=seq,

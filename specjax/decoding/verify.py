@@ -4,6 +4,10 @@ Inputs are the target's logits or processed probabilities at the K+1 window posi
 [pending, d_1, ..., d_K] (position i predicts the token after it) and the drafts. Outputs are
 the number of accepted drafts m (0..K) and the token the target contributes after them (the
 correction at the first rejection, or the bonus after K acceptances).
+
+Sampling is split in two steps that tests (and deliberately broken variants of them) use
+separately: `num_accepted` (how many drafts pass the min(1, p/q) test) and
+`correction_distribution` (what the target's own token is drawn from, given m).
 """
 
 from __future__ import annotations
@@ -26,30 +30,52 @@ def verify_greedy(target_logits_BxK1xV, drafts_BxK):
   return num_accepted_B, next_B
 
 
+def _at(x_BxTx, index_B):
+  """x[b, index[b]] for every row."""
+  return jnp.take_along_axis(x_BxTx, index_B[:, None, None], axis=1)[:, 0]
+
+
+def num_accepted(p_BxK1xV, drafts_BxK, q_BxKxV, u_BxK):
+  """m: the leading run of drafts with u * q(d) < p(d), i.e. accepted with probability
+  min(1, p/q). q None = one-hot proposals: accepted with probability p(d)."""
+  k = drafts_BxK.shape[1]
+  p_draft = jnp.take_along_axis(p_BxK1xV[:, :k], drafts_BxK[..., None], axis=-1)[..., 0]
+  if q_BxKxV is None:
+    return accepted_prefix(u_BxK < p_draft)
+  q_draft = jnp.take_along_axis(q_BxKxV, drafts_BxK[..., None], axis=-1)[..., 0]
+  return accepted_prefix(u_BxK * q_draft < p_draft)
+
+
+def correction_distribution(p_BxK1xV, drafts_BxK, q_BxKxV, m_B):
+  """The (unnormalised) distribution of the target's token after m accepted drafts:
+  max(p_m - q_m, 0) after a rejection at draft m+1, p_{K+1} (the bonus) when m = K.
+  q None = one-hot proposals: p_m with the rejected draft removed."""
+  k = drafts_BxK.shape[1]
+  p_at_BxV = _at(p_BxK1xV, m_B)
+  rejected = m_B < k
+  if q_BxKxV is None:
+    d_at_B = jnp.take_along_axis(drafts_BxK, jnp.minimum(m_B, k - 1)[:, None], axis=1)[:, 0]
+    drop = (jnp.arange(p_at_BxV.shape[-1])[None, :] == d_at_B[:, None]) & rejected[:, None]
+    residual = jnp.where(drop, 0.0, p_at_BxV)
+  else:
+    q_at_BxV = _at(q_BxKxV, jnp.minimum(m_B, k - 1))
+    residual = jnp.where(rejected[:, None], jnp.maximum(p_at_BxV - q_at_BxV, 0.0), p_at_BxV)
+  # p == q exactly leaves no residual; then rejection had probability 0 and p is exact.
+  return jnp.where(residual.sum(-1, keepdims=True) > 0, residual, p_at_BxV)
+
+
 def verify_sampling(p_BxK1xV, drafts_BxK, q_BxKxV, rng):
   """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023).
 
   Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection sample from
   normalize(max(p_i - q_i, 0)); after K acceptances sample the bonus from p_{K+1}.
   `q_BxKxV=None` means single-token proposals (q one-hot at the draft): then the rule
-  accepts with probability p_i(d_i) and resamples from p_i with d_i removed.
+  accepts with probability p_i(d_i) and resamples from p_i with d_i removed, without ever
+  building a [B, K, V] one-hot q.
   """
-  b, k = drafts_BxK.shape
-  v = p_BxK1xV.shape[-1]
-  if q_BxKxV is None:
-    q_BxKxV = jax.nn.one_hot(drafts_BxK, v, dtype=p_BxK1xV.dtype)
   accept_rng, resample_rng = jax.random.split(rng)
-  p_draft = jnp.take_along_axis(p_BxK1xV[:, :k], drafts_BxK[..., None], axis=-1)[..., 0]
-  q_draft = jnp.take_along_axis(q_BxKxV, drafts_BxK[..., None], axis=-1)[..., 0]
-  u = jax.random.uniform(accept_rng, (b, k))
-  num_accepted_B = accepted_prefix(u * q_draft < p_draft)
-
-  p_at_BxV = jnp.take_along_axis(p_BxK1xV, num_accepted_B[:, None, None], axis=1)[:, 0]
-  q_padded = jnp.concatenate([q_BxKxV, jnp.zeros((b, 1, v), q_BxKxV.dtype)], axis=1)
-  q_at_BxV = jnp.take_along_axis(q_padded, num_accepted_B[:, None, None], axis=1)[:, 0]
-  residual = jnp.maximum(p_at_BxV - q_at_BxV, 0.0)
-  mass = residual.sum(-1, keepdims=True)
-  # p == q exactly leaves no residual; then rejection had probability 0 and p is exact.
-  residual = jnp.where(mass > 0, residual, p_at_BxV)
-  next_B = jax.random.categorical(resample_rng, jnp.log(residual), axis=-1).astype(jnp.int32)
-  return num_accepted_B, next_B
+  u = jax.random.uniform(accept_rng, drafts_BxK.shape)
+  m_B = num_accepted(p_BxK1xV, drafts_BxK, q_BxKxV, u)
+  dist = correction_distribution(p_BxK1xV, drafts_BxK, q_BxKxV, m_B)
+  next_B = jax.random.categorical(resample_rng, jnp.log(dist), axis=-1).astype(jnp.int32)
+  return m_B, next_B

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.decoding.sampling import Sampler
+from specjax.errors import SpecjaxError
 from specjax.models import TransformerOutput
 
 
@@ -43,7 +44,8 @@ class Context:
 class Verified:
   window_BxK1: jax.Array  # [pending, d_1..d_K] as scored by the target
   start_B: jax.Array  # position of window[:, 0] (the end_B of the Context)
-  num_accepted_B: jax.Array  # m in 0..K
+  num_accepted_B: jax.Array  # m in 0..K: drafts kept (fewer than verification accepted
+  # only when EOS or max_new_tokens ended the row in this step)
   next_B: jax.Array  # the target's token after the accepted drafts (the new pending)
   output: TransformerOutput  # the target's verify pass over the window
   active_B: jax.Array  # rows that were still generating this step
@@ -52,6 +54,11 @@ class Verified:
 @dataclasses.dataclass(frozen=True)
 class Drafter(abc.ABC):
   num_draft_tokens: int  # K
+
+  def __post_init__(self):
+    if self.num_draft_tokens < 1:
+      raise SpecjaxError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens} "
+                         "(use --config.methods=ar for no drafting)")
 
   @property
   def feature_layers(self) -> tuple[int, ...]:

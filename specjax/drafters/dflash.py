@@ -16,8 +16,10 @@ forward pass, conditioned on the target's hidden states.
 - Proposals at T > 0: `proposal="sample"` draws each slot from its own processed
   distribution q_k and verification uses that q (lossless, as the reference does);
   `"argmax"` proposes the argmax (one-hot q).
-- Cache: per layer, the K/V of the projected context features at committed positions. Block
-  K/V is never kept. Rolling back is the target's end index: entries past it are masked.
+- Cache: per layer, the K/V of the projected context features at committed positions. The
+  block's K/V are written in place at the block's positions while drafting, and the commit
+  overwrites them with the context K/V of the verified window; entries past the committed
+  length are never read (the next block overwrites them first).
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ class DFlashLayer(Block):
     v = jnp.concatenate([ctx.v_BxSxKxH.astype(v.dtype), v], axis=1)
     x = x_BxQxD + self.attn.attend(q, k, v, mask_BxQxC)
     return x + self.mlp(self.mlp_norm(x))
+
+  def decode(self, x_BxQxD, positions_BxQ, cache: LayerKV, num_keys):
+    """The same layer at decode time: the block's K/V are written into the context cache in
+    place, at the block's positions (slots the next commit overwrites with context K/V),
+    and every block query sees the cache up to the block's last position."""
+    h = self.attn_norm(x_BxQxD)
+    q = self.attn.queries(h, positions_BxQ)
+    k, v = self.attn.keys_values(h, positions_BxQ)
+    start = positions_BxQ[:, 0]
+    cache = LayerKV(write_rows(cache.k_BxSxKxH, k, start), write_rows(cache.v_BxSxKxH, v, start))
+    limit = jnp.broadcast_to(positions_BxQ[:, -1:], positions_BxQ.shape)  # non-causal block
+    x = x_BxQxD + self.attn.attend_prefix(q, cache.k_BxSxKxH, cache.v_BxSxKxH, limit, num_keys)
+    return x + self.mlp(self.mlp_norm(x)), cache
 
 
 class DFlashModel(nnx.Module):
@@ -112,6 +127,16 @@ class DFlashModel(nnx.Module):
       x_BxQxD = layer(x_BxQxD, positions_BxQ, kv, mask_BxQxC)
     return self.final_norm(x_BxQxD)
 
+  def decode_block(self, x_BxQxD, positions_BxQ, caches):
+    """One block at positions [end, end + Q) against the cached context [0, end). Returns
+    the final hidden states and the caches with the block's K/V written in place."""
+    num_keys = jnp.max(positions_BxQ) + 1
+    new = []
+    for layer, cache in zip(self.layers, caches):
+      x_BxQxD, cache = layer.decode(x_BxQxD, positions_BxQ, cache, num_keys)
+      new.append(cache)
+    return self.final_norm(x_BxQxD), tuple(new)
+
 
 @dataclasses.dataclass(frozen=True)
 class DFlashDrafter(Drafter):
@@ -149,13 +174,10 @@ class DFlashDrafter(Drafter):
 
   def propose(self, params, target, caches, ctx: Context, sampler, rng):
     model = nnx.merge(self.graphdef, params)
-    bs, s = self.block_size, ctx.seq_BxS.shape[1]
+    bs = self.block_size
     x = model.block_inputs(target, ctx.pending_B[:, None], bs)
     positions = ctx.end_B[:, None] + jnp.arange(bs)[None, :]
-    seen = jnp.arange(s)[None, :] < ctx.end_B[:, None]  # committed context only
-    mask = jnp.concatenate([jnp.broadcast_to(seen[:, None, :], (x.shape[0], bs, s)),
-                            jnp.ones((x.shape[0], bs, bs), bool)], axis=-1)
-    hidden = model(x, positions, caches, mask)
+    hidden, caches = model.decode_block(x, positions, caches)
     logits = model.draft_logits(target, hidden[:, 1:])
     return propose_from_logits(logits, sampler, rng, self.proposal) + (caches,)
 

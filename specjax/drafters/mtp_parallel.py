@@ -44,7 +44,7 @@ class ParallelHeads(nnx.Module):
   def __call__(self, hidden_BxTxD, count: int | None = None):
     """Hidden states of the first `count` heads: a tuple of [B, T, D]."""
     out = []
-    for head in list(self.heads)[:count or self.num_heads]:
+    for head in list(self.heads)[:self.num_heads if count is None else count]:
       h = hidden_BxTxD
       for block in head:
         h = block(h)

@@ -24,7 +24,7 @@ from flax import nnx, struct
 
 from specjax.drafters.base import Context, Drafter, Prefill, Verified
 from specjax.models import LayerKV, read_rows, write_rows
-from specjax.models.layers import Block, RMSNorm, TransformerConfig, cache_mask, fan_in_init, param
+from specjax.models.layers import Block, RMSNorm, TransformerConfig, fan_in_init, param
 
 
 class MTPModule(nnx.Module):
@@ -39,11 +39,14 @@ class MTPModule(nnx.Module):
     self.block = Block(cfg, rngs=rngs)
     self.norm_out = RMSNorm(cfg.d_model, **kw)
 
-  def __call__(self, h_prev_BxTxD, emb_BxTxD, positions_BxT, mask_BxTxS, cache=None,
+  def __call__(self, h_prev_BxTxD, emb_BxTxD, positions_BxT, mask_BxTxS=None, cache=None,
                write_start_B=None):
+    """Training: under `mask`. Decoding: the T positions are written into `cache` at
+    write_start, and each sees the cache up to its own position."""
     x = jnp.concatenate([self.norm_hidden(h_prev_BxTxD), self.norm_embed(emb_BxTxD)], -1)
     x = x @ self.proj[...].astype(self.cfg.compute_dtype)
-    return self.block(x, positions_BxT, mask_BxTxS, cache, write_start_B)
+    num_keys = None if cache is None else jnp.max(positions_BxT) + 1
+    return self.block(x, positions_BxT, mask_BxTxS, cache, write_start_B, num_keys)
 
 
 class SequentialModules(nnx.Module):
@@ -79,7 +82,6 @@ class MTPSequentialDrafter(Drafter):
     b, p = tokens.shape
     s = prefill.cache_len
     positions = jnp.broadcast_to(jnp.arange(p), (b, p))
-    mask = cache_mask(positions, s)
     zeros_b = jnp.zeros((b,), jnp.int32)
     cfg = target.cfg
     h0_buf = write_rows(jnp.zeros((b, s, cfg.d_model), h0.dtype), h0, zeros_b)
@@ -89,7 +91,7 @@ class MTPSequentialDrafter(Drafter):
     for k, mod in enumerate(mods, start=1):
       kv_shape = (b, s, cfg.num_kv_heads, cfg.head_dim)
       cache = LayerKV(jnp.zeros(kv_shape, cfg.compute_dtype), jnp.zeros(kv_shape, cfg.compute_dtype))
-      h, cache = mod(h, target.embed(shift_left(tokens, k)), positions, mask, cache, zeros_b)
+      h, cache = mod(h, target.embed(shift_left(tokens, k)), positions, None, cache, zeros_b)
       hidden.append(write_rows(jnp.zeros((b, s, cfg.d_model), h.dtype), h, zeros_b))
       caches.append(cache)
     return SequentialState(h0_buf, tuple(hidden), tuple(caches))
@@ -99,7 +101,6 @@ class MTPSequentialDrafter(Drafter):
     big_k = self.num_draft_tokens
     end = ctx.end_B
     seq = ctx.seq_BxS
-    s = seq.shape[1]
     rngs = jax.random.split(rng, big_k)
     prev_hidden = state.h0_BxSxD
     hidden, caches, drafts, qs = [], [], [], []
@@ -109,7 +110,7 @@ class MTPSequentialDrafter(Drafter):
       positions = start[:, None] + jnp.arange(width)[None, :]
       tokens_in = read_rows(seq, start + k, width)  # t_{i+k}; drafts already written in seq
       h, cache = mod(read_rows(prev_hidden, start, width), target.embed(tokens_in), positions,
-                     cache_mask(positions, s), state.caches[k - 1], start)
+                     None, state.caches[k - 1], start)
       buf = write_rows(state.hidden[k - 1], h, start)
       last = jnp.take_along_axis(h, (end - 1 - start)[:, None, None], axis=1)
       logits = target.logits(mod.norm_out(last))[:, 0]

@@ -26,7 +26,7 @@ from flax import nnx
 
 from specjax import run_dir as run_dir_lib
 from specjax import sharding
-from specjax.checkpoint import Checkpoints
+from specjax.checkpoint import save_params_only
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.errors import SpecjaxError
 from specjax.interop import hf_config
@@ -149,12 +149,8 @@ def import_hf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
   num_params = sum(x.size for x in jax.tree.leaves(params))
 
   os.makedirs(os.path.join(folder, "hf"), exist_ok=True)
-  ckpt = Checkpoints(ckpt_dir)
-  try:
-    ckpt.save(0, params, {"step": np.zeros((), np.int32)})
-    ckpt.wait()
-  finally:
-    ckpt.close()
+  largest = max(x.nbytes for x in jax.tree.leaves(params))
+  save_params_only(ckpt_dir, 0, params, host_bytes=2 * largest)
   del params
   model = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "vocab_size"}
   config = {"method": "target", "vocab_size": cfg.vocab_size,

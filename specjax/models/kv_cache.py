@@ -14,8 +14,14 @@ import jax.numpy as jnp
 from flax import struct
 
 
-def write_rows(buffer_BxSx, update_BxTx, start_B):
-  """Writes update[b] into buffer[b, start[b]:start[b] + T] for every row b."""
+def write_rows(buffer_BxSx, update_BxTx, start_B, where_B=None):
+  """Writes update[b] into buffer[b, start[b]:start[b] + T] for every row b (only the rows
+  where `where_B` holds, if given: the others are rewritten with what they hold, so the
+  write stays an in-place update of T slots rather than a select over the whole buffer)."""
+  if where_B is not None:
+    current = read_rows(buffer_BxSx, start_B, update_BxTx.shape[1])
+    mask = where_B.reshape(where_B.shape + (1,) * (update_BxTx.ndim - 1))
+    update_BxTx = jnp.where(mask, update_BxTx.astype(buffer_BxSx.dtype), current)
 
   def write_one(buf, upd, start):
     index = (start,) + (0,) * (buf.ndim - 1)

@@ -150,28 +150,67 @@ class Attention(nnx.Module):
     return apply_rope(k, positions_BxT, self.cfg.rope_theta,
                       self.cfg.rope_llama3_scaling), v
 
-  def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+  def _heads(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+    """Softmax attention per head (scores and their sum in float32), before `wo`."""
     b, t, n, hd = q_BxTxNxH.shape
     kv = k_BxSxKxH.shape[2]
     q = q_BxTxNxH.reshape(b, t, kv, n // kv, hd)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH).astype(jnp.float32)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
     scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, NEG_INF)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH).reshape(b, t, n, hd)
-    return jnp.einsum("btnh,nhd->btd", out, self._w(self.wo))
+    return jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH).reshape(b, t, n, hd)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache: LayerKV | None = None,
-               write_start_B=None):
+  def _out(self, heads_BxTxNxH):
+    return jnp.einsum("btnh,nhd->btd", heads_BxTxNxH, self._w(self.wo))
+
+  def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+    """Attention under an explicit mask over all S keys (training, reference passes)."""
+    return self._out(self._heads(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS))
+
+  def attend_prefix(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT, num_keys):
+    """Attention over cache slots j <= limit[b, t] (slot j holds position j). Only the
+    shortest bucket prefix of the cache holding `num_keys` slots is read (`num_keys` >= every
+    limit + 1, a traced scalar), so the cost follows the committed length, not cache_len."""
+
+    def branch(length):
+      def run(q, k, v, limit):
+        mask = jnp.arange(length)[None, None, :] <= limit[:, :, None]
+        return self._heads(q, k[:, :length], v[:, :length], mask)
+      return run
+
+    buckets = key_buckets(k_BxSxKxH.shape[1])
+    operands = (q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
+    if len(buckets) == 1:
+      return self._out(branch(buckets[0])(*operands))
+    index = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets), num_keys), len(buckets) - 1)
+    return self._out(jax.lax.switch(index, [branch(n) for n in buckets], *operands))
+
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS=None, cache: LayerKV | None = None,
+               write_start_B=None, num_keys=None):
+    """Without a cache: attention under `mask`. With one: the T new keys/values are written
+    at write_start, and each query sees the cache slots up to its own position."""
     q = self.queries(x_BxTxD, positions_BxT)
     k, v = self.keys_values(x_BxTxD, positions_BxT)
-    if cache is not None:
-      cache = LayerKV(
-          write_rows(cache.k_BxSxKxH, k, write_start_B),
-          write_rows(cache.v_BxSxKxH, v, write_start_B),
-      )
-      k, v = cache.k_BxSxKxH, cache.v_BxSxKxH
-    return self.attend(q, k, v, mask_BxTxS), cache
+    if cache is None:
+      return self.attend(q, k, v, mask_BxTxS), None
+    cache = LayerKV(
+        write_rows(cache.k_BxSxKxH, k, write_start_B),
+        write_rows(cache.v_BxSxKxH, v, write_start_B),
+    )
+    return self.attend_prefix(q, cache.k_BxSxKxH, cache.v_BxSxKxH, positions_BxT,
+                              num_keys), cache
+
+
+def key_buckets(cache_len: int, smallest: int = 64) -> tuple[int, ...]:
+  """The static key-prefix lengths a cached pass chooses among: powers of two from
+  `smallest`, then cache_len. Reading at most twice the keys needed, with one compiled
+  attention per bucket."""
+  out, n = [], smallest
+  while n < cache_len:
+    out.append(n)
+    n *= 2
+  return tuple(out) + (cache_len,)
 
 
 class MLP(nnx.Module):
@@ -200,9 +239,10 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, **kw)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS, cache=None, write_start_B=None):
+  def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS=None, cache=None, write_start_B=None,
+               num_keys=None):
     attn_out, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, mask_BxTxS, cache,
-                                write_start_B)
+                                write_start_B, num_keys)
     x_BxTxD = x_BxTxD + attn_out
     return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
 
@@ -214,7 +254,3 @@ def causal_segment_mask(segment_ids_BxT):
   same = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
   return causal[None] & same
 
-
-def cache_mask(query_positions_BxT, cache_length: int):
-  """Decode mask: cache slot j holds position j; a query at position p sees j <= p."""
-  return jnp.arange(cache_length)[None, None, :] <= query_positions_BxT[:, :, None]

@@ -16,7 +16,6 @@ from specjax.models.layers import (
     Block,
     RMSNorm,
     TransformerConfig,
-    cache_mask,
     causal_segment_mask,
     fan_in_init,
     param,
@@ -51,14 +50,14 @@ class Transformer(nnx.Module):
     return jnp.take(self.embedding[...], tokens_BxT, axis=0).astype(self.cfg.compute_dtype)
 
   def logits(self, hidden_BxTxD):
-    """LM head (tied or not); logits are float32."""
+    """LM head (tied or not); logits are accumulated and returned in float32, whatever the
+    compute dtype, so bf16 models do not round the logits that sampling compares."""
     if self.cfg.tie_embeddings:
       w_DxV = self.embedding[...].T
     else:
       w_DxV = self.lm_head[...]
-    return jnp.einsum("btd,dv->btv", hidden_BxTxD, w_DxV.astype(self.cfg.compute_dtype)).astype(
-        jnp.float32
-    )
+    return jnp.einsum("btd,dv->btv", hidden_BxTxD, w_DxV.astype(self.cfg.compute_dtype),
+                      preferred_element_type=jnp.float32)
 
   def init_cache(self, batch: int, length: int) -> KVCache:
     cfg = self.cfg
@@ -93,18 +92,19 @@ class Transformer(nnx.Module):
       if segment_ids_BxT is None:
         segment_ids_BxT = jnp.ones((b, t), jnp.int32)
       mask = causal_segment_mask(segment_ids_BxT)
-      write_start = None
+      write_start = num_keys = None
     else:
       write_start = cache.end_B
       positions_BxT = write_start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-      mask = cache_mask(positions_BxT, cache.length)
+      mask = None
+      num_keys = jnp.max(write_start) + t  # every row's keys lie in [0, num_keys)
 
     x = self.embed(tokens_BxT)
     residuals = [x]
     new_layers = []
     for i, block in enumerate(self.blocks):
       layer_cache = None if cache is None else cache.layers[i]
-      x, layer_cache = block(x, positions_BxT, mask, layer_cache, write_start)
+      x, layer_cache = block(x, positions_BxT, mask, layer_cache, write_start, num_keys)
       new_layers.append(layer_cache)
       residuals.append(x)
     hidden = self.final_norm(x)
