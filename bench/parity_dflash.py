@@ -94,8 +94,8 @@ def logit_parity(run_dir: str, work: str):
 
 
 def generate_parity(run_dir: str, work: str, num_prompts: int, max_new: int):
-  """Greedy dflash_generate vs specjax on exported copies: (token agreement, mean committed
-  per step, theirs and ours, which drafter). tests/test_interop_zlab.py checks per-step
+  """Greedy dflash_generate vs specjax on exported copies: (equal tokens, tokens, mean
+  committed per step, theirs and ours, which drafter). tests/test_interop_zlab.py checks per-step
   lengths one by one."""
   import dflash.model as dm
   import torch
@@ -140,7 +140,7 @@ def generate_parity(run_dir: str, work: str, num_prompts: int, max_new: int):
     total += max(len(ours), len(ref_ids))
     theirs_len.append((len(ref_ids) - 1) / len(stats.acceptance_lengths))
     ours_len.append((len(ours) - 1) / max(int(res.verify_steps_B[0]), 1))
-  return same / max(total, 1), float(np.mean(theirs_len)), float(np.mean(ours_len)), which
+  return same, total, float(np.mean(theirs_len)), float(np.mean(ours_len)), which
 
 
 def proposal_taus(run_dir: str, work: str, methods: str):
@@ -166,6 +166,18 @@ def proposal_taus(run_dir: str, work: str, methods: str):
   return out
 
 
+def print_taus(run_dir: str, work: str):
+  methods = ",".join(m for m in ("dflash", "mtp_parallel")
+                     if os.path.isdir(os.path.join(run_dir, m, "checkpoints")))
+  if not methods:
+    print(f"(no trained dflash / mtp_parallel in {run_dir}: no T=1 proposal comparison)")
+    return
+  for name, modes in proposal_taus(run_dir, work, methods).items():
+    for proposal, (tau, a_k) in modes.items():
+      print(f"{name:<13} T=1 proposal={proposal:<7} tau {tau:.3f}  a_k "
+            + " ".join(f"{a:.2f}" for a in a_k))
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--run_dir", default="runs/tiny")
@@ -178,18 +190,12 @@ def main(argv=None):
     diff, agree = logit_parity(run_dir, work)
     print(f"dflash  drafter logits vs reference: max |diff| {diff:.2e}, argmax agreement "
           f"{agree:.3f}")
-    tok_agree, theirs, ours, which = generate_parity(run_dir, work, args.prompts, args.max_new)
-    print(f"dflash  greedy vs dflash_generate ({which} drafter): token agreement "
-          f"{tok_agree:.3f}, committed per step {theirs:.2f} (reference) vs {ours:.2f} "
-          "(specjax)")
+    same, total, theirs, ours, which = generate_parity(run_dir, work, args.prompts,
+                                                       args.max_new)
+    print(f"dflash  greedy vs dflash_generate ({which} drafter): tokens equal {same}/{total}, "
+          f"committed per step {theirs:.2f} (reference) vs {ours:.2f} (specjax)")
     if not args.skip_tau:
-      methods = ",".join(m for m in ("dflash", "mtp_parallel")
-                         if os.path.isdir(os.path.join(run_dir, m, "checkpoints")))
-      if methods:
-        for name, modes in proposal_taus(run_dir, work, methods).items():
-          for proposal, (tau, a_k) in modes.items():
-            print(f"{name:<13} T=1 proposal={proposal:<7} tau {tau:.3f}  a_k "
-                  + " ".join(f"{a:.2f}" for a in a_k))
+      print_taus(run_dir, work)
 
 
 if __name__ == "__main__":
