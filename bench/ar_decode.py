@@ -17,7 +17,7 @@ from flax import nnx
 
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import pad_prompts
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 
 
 def make_host_loop(graphdef, cache_len):

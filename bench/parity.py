@@ -34,7 +34,7 @@ from specjax import run_dir as run_dir_lib  # noqa: E402
 from specjax.data import tokenizer as tokenizer_lib  # noqa: E402
 from specjax.decoding.ar import ARDecoder  # noqa: E402
 from specjax.decoding.common import pad_prompts, to_lists  # noqa: E402
-from specjax.decoding.sampling import Sampler  # noqa: E402
+from specjax.sampling import Sampler  # noqa: E402
 from specjax.interop import hf  # noqa: E402
 
 SIZE = dict(vocab=2048, layers=4, d_model=256, heads=8, kv_heads=4, head_dim=48, mlp=768)

@@ -103,7 +103,7 @@ def generate_parity(run_dir: str, work: str, num_prompts: int, max_new: int):
 
   from specjax.data import prompts as prompts_lib
   from specjax.decoding.common import pad_prompts
-  from specjax.decoding.sampling import Sampler
+  from specjax.sampling import Sampler
   from specjax.decoding.speculative import SpeculativeDecoder
   from specjax.drafters.dflash import DFlashDrafter
   from specjax.interop import hf

@@ -12,29 +12,11 @@ from __future__ import annotations
 
 import argparse
 
-import common  # noqa: F401  (sets sys.path)
-import ml_collections
+import common  # sets sys.path
 
 from specjax import evaluate
 from specjax.drafters import registry
 from specjax.errors import SpecjaxError
-
-
-def decode_config(args) -> ml_collections.ConfigDict:
-  import importlib.util
-  import os
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      "decode.py")
-  spec = importlib.util.spec_from_file_location("decode_config", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = mod.get_config()
-  cfg.run_dir = args.run_dir
-  cfg.temperature = args.temperature
-  cfg.num_prompts = args.num_prompts
-  cfg.max_new_tokens = args.max_new_tokens
-  cfg.measure_costs = True
-  return cfg
 
 
 def main(argv=None):
@@ -49,7 +31,8 @@ def main(argv=None):
   parser.add_argument("--num_prompts", type=int, default=16)
   parser.add_argument("--max_new_tokens", type=int, default=64)
   args = parser.parse_args(argv)
-  cfg = decode_config(args)
+  cfg = common.decode_config(args.run_dir, args.temperature, args.num_prompts,
+                             args.max_new_tokens)
   methods = [m for m in args.methods.split(",") if m]
   ks = [int(k) for k in args.ks.split(",")]
   blocks = [int(b) for b in args.block_sizes.split(",")]

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax.decoding.sampling import Sampler
-from specjax.drafters.base import Context, Prefill
+from specjax.sampling import Sampler
+from specjax.drafters.base import Context, Prefill, Verified
 
 
 def _seconds_per_call(many, arg, inner: int, reps: int) -> float:
@@ -45,47 +45,58 @@ def verify_costs(graphdef, params, *, batch: int, ns, context_len: int, cache_le
   for n in ns:
 
     @jax.jit
-    def many(params, n=n):
+    def many(params, cache, n=n):
       target = nnx.merge(graphdef, params)
 
-      def body(_, acc):
+      def body(_, carry):
+        acc, cache = carry
         tokens = jnp.full((batch, n), 3, jnp.int32) + (acc > 1e9).astype(jnp.int32)[:, None]
-        logits = target(tokens, cache=pre.cache).logits_BxTxV
-        return acc + logits[:, -1, 0]
+        out = target(tokens, cache=cache)
+        # the write into the cache is part of the pass; the context stays at context_len
+        return acc + out.logits_BxTxV[:, -1, 0], out.cache.rollback(cache.end_B)
 
-      return jax.lax.fori_loop(0, inner, body, jnp.zeros((batch,), jnp.float32))
+      return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.float32), cache))[0]
 
-    out[int(n)] = _seconds_per_call(many, params, inner, reps)
+    out[int(n)] = _seconds_per_call(lambda p: many(p, pre.cache), params, inner, reps)
   return out
 
 
 def draft_cost(graphdef, params, drafter, drafter_params, *, batch: int, context_len: int,
                cache_len: int, sampler: Sampler, reps: int = 5, inner: int = 20) -> float:
-  """Seconds for one `propose` call of the drafter (K drafts) at the given context length."""
+  """Seconds for one step of the drafter's own work at the given context length: `propose`
+  (K drafts) and `commit` (keeping half of them), its state carried from step to step as
+  in the decode loop."""
   tokens, pre = _context(graphdef, params, batch, context_len, cache_len,
                          drafter.feature_layers)
   lens = jnp.full((batch,), context_len, jnp.int32)
   seq = jnp.zeros((batch, cache_len), jnp.int32).at[:, :context_len + 1].set(3)
+  k = drafter.num_draft_tokens
 
   @jax.jit
   def init(params, drafter_params):
     target = nnx.merge(graphdef, params)
-    return drafter.init(drafter_params, target, Prefill(tokens, lens, pre, cache_len))
+    state = drafter.init(drafter_params, target, Prefill(tokens, lens, pre, cache_len))
+    window = jnp.full((batch, k + 1), 3, jnp.int32)
+    out = target(window, cache=pre.cache, feature_layers=drafter.feature_layers)
+    verified = Verified(window, lens, jnp.full((batch,), k // 2, jnp.int32),
+                        jnp.full((batch,), 3, jnp.int32), out, jnp.ones((batch,), bool))
+    return state, verified
 
   @jax.jit
   def many(args):
-    params, drafter_params, state = args
+    params, drafter_params, state, verified = args
     target = nnx.merge(graphdef, params)
 
-    def body(i, acc):
+    def body(i, carry):
       # the barrier ties every input to the loop carry: nothing can be hoisted out
-      acc, st, sq = jax.lax.optimization_barrier((acc, state, seq))
+      acc, st, sq = jax.lax.optimization_barrier((carry[0], carry[1], seq))
       pending = jnp.full((batch,), 3, jnp.int32) + (acc > 10**9).astype(jnp.int32)
-      drafts = drafter.propose(drafter_params, target, st, Context(sq, lens, pending),
-                               sampler, jax.random.fold_in(jax.random.key(0), i))[0]
-      return acc + drafts.sum(-1)
+      drafts, _, st = drafter.propose(drafter_params, target, st, Context(sq, lens, pending),
+                                      sampler, jax.random.fold_in(jax.random.key(0), i))
+      st = drafter.commit(drafter_params, target, st, verified)
+      return acc + drafts.sum(-1), st
 
-    return jax.lax.fori_loop(0, inner, body, jnp.zeros((batch,), jnp.int32))
+    return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.int32), state))[0]
 
-  state = init(params, drafter_params)
-  return _seconds_per_call(many, (params, drafter_params, state), inner, reps)
+  state, verified = init(params, drafter_params)
+  return _seconds_per_call(many, (params, drafter_params, state, verified), inner, reps)

@@ -21,7 +21,7 @@ from specjax.data import prompts as prompts_lib
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import DecodeResult, check_fits, pad_prompts, to_lists
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.decoding.speculative import SpeculativeDecoder
 from specjax.drafters import registry
 from specjax.errors import SpecjaxError
@@ -145,7 +145,7 @@ class Harness:
     """Decodes every prompt with one method and returns its SPEC section 4 entry."""
     sampler, target = self.sampler, self.target
     batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
-    eos_id = self.special.eos_id
+    eos_id = self.special.eos_ids or self.special.eos_id  # stop on any EOS the model names
     decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len, eos_id)
     if drafter is None:
       call = lambda t, l, r: decoder(target.params, t, l, r)

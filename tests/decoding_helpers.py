@@ -7,7 +7,7 @@ from flax import nnx
 
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import pad_prompts, to_lists
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.decoding.speculative import SpeculativeDecoder
 from specjax.models import Transformer, TransformerConfig
 
@@ -72,10 +72,14 @@ __all__ = ["tiny_model", "random_prompts", "run_ar", "run_spec", "reference_gree
 
 
 def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, reference,
-                  cache_len=96):
+                  cache_len=96, accept_schedule=None):
   """Runs the draft-verify protocol by hand (greedy) and checks every proposal against
   `reference(target, drafter_params, committed_BxS, end_B) -> drafts_BxK`, a cache-free
-  recomputation (None: no check). Returns the accepted counts, [steps, B]."""
+  recomputation (None: no check). Returns the accepted counts, [steps, B].
+
+  `accept_schedule[t]` (optional) forces the number of drafts step t keeps, whatever the
+  target thinks of them, so that the drafter's rollback is exercised at every position
+  (the target's token after them is then the correction)."""
   from specjax.decoding.common import prefill as prefill_fn
   from specjax.decoding.verify import verify_greedy
   from specjax.drafters.base import Context, Prefill, Verified
@@ -95,7 +99,7 @@ def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, ref
     return cache, state, seq, pending
 
   @jax.jit
-  def step(params, drafter_params, cache, state, seq, pending):
+  def step(params, drafter_params, cache, state, seq, pending, forced):
     target = nnx.merge(graphdef, params)
     end = cache.end_B
     drafts, _, state = drafter.propose(drafter_params, target, state, Context(seq, end, pending),
@@ -103,6 +107,9 @@ def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, ref
     window = jnp.concatenate([pending[:, None], drafts], 1)
     out = target(window, cache=cache, feature_layers=drafter.feature_layers)
     m, nxt = verify_greedy(out.logits_BxTxV, drafts)
+    m = jnp.where(forced >= 0, forced, m)
+    nxt = jnp.where(forced >= 0, jnp.argmax(jnp.take_along_axis(
+        out.logits_BxTxV, m[:, None, None], axis=1)[:, 0], -1).astype(jnp.int32), nxt)
     k = drafts.shape[1]
     new = jnp.where(jnp.arange(k + 1)[None] < m[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
                     nxt[:, None])
@@ -116,11 +123,13 @@ def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, ref
     ref = jax.jit(lambda p, dp, seq, end: reference(nnx.merge(graphdef, p), dp, seq, end))
   cache, state, seq, pending = start(params, drafter_params)
   accepted = []
-  for _ in range(steps):
+  for t in range(steps):
     if reference is not None:
       expected = ref(params, drafter_params, seq, cache.end_B)
+    forced = jnp.full((tokens.shape[0],), -1 if accept_schedule is None else
+                      accept_schedule[t % len(accept_schedule)], jnp.int32)
     drafts, cache, state, seq, pending, m = step(params, drafter_params, cache, state, seq,
-                                                 pending)
+                                                 pending, forced)
     if reference is not None:
       np.testing.assert_array_equal(np.asarray(drafts), np.asarray(expected))
     accepted.append(np.asarray(m))

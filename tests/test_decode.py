@@ -53,11 +53,17 @@ def test_decode_writes_spec_metrics_for_every_method(tiny_run, tmp_path):
   assert outs == [o["token_ids"] for o in report["draft"]["outputs"]]
 
 
-def test_sampled_decode_reports_no_lossless_check(tiny_run, tmp_path):
-  cfg = decode_config(tiny_run, tmp_path, methods="draft", temperature=1.0, top_k=20)
+def test_sampled_decode_with_the_target_as_drafter_accepts_everything(tiny_run, tmp_path):
+  """The target copied in as the draft model: q = p at every draft, so every draft is
+  accepted (min(1, p/q) = 1) and tau is exactly K + 1, acceptance 1 at every position."""
+  run = tmp_path / "run"
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "draft")
+  cfg = decode_config(str(run), tmp_path, methods="draft", temperature=1.0, top_k=20)
   report = evaluate.main(cfg)["methods"]
   assert report["draft"]["lossless_check"] is None
-  assert report["draft"]["tau"] >= 1.0
+  assert report["draft"]["tau"] == cfg.num_draft_tokens + 1
+  assert report["draft"]["acceptance_per_position"] == [1.0] * cfg.num_draft_tokens
 
 
 def test_missing_method_folder_names_the_train_command(tiny_run, tmp_path):

@@ -14,7 +14,7 @@ from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
 from specjax import run_dir as run_dir_lib
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
 from specjax.training import mtp as mtp_training
@@ -94,8 +94,27 @@ def test_sequential_cached_drafts_equal_full_recomputation(setup):
     return jnp.stack(drafts, 1)
 
   accepted = drive_drafter(g, p, drafter, sp, random_prompts(3, VOCAB, seed=11, min_len=4),
-                           8, reference, cache_len=64)
-  assert accepted.min() < k  # rejections happened, so rollback paths were exercised
+                           8, reference, cache_len=64, accept_schedule=[0, 3, 1, 2, 3, 0, 2, 1])
+  assert set(accepted.ravel().tolist()) == {0, 1, 2, 3}  # rollback at every position
+
+
+def test_parallel_heads_state_rolls_back_at_every_position(setup):
+  """After any number of accepted drafts the heads read the target's hidden state at the
+  last committed position: drafts equal the heads on a cache-free target pass."""
+  (g, p), (hg, hp), _ = setup
+  k = 3
+
+  def reference(target, dp, seq_BxS, end_B):
+    heads = nnx.merge(hg, dp)
+    hidden = target(seq_BxS).hidden_BxTxD  # causal: positions < end are exact
+    h = jnp.take_along_axis(hidden, (end_B - 1)[:, None, None], axis=1)
+    logits = jnp.concatenate([target.logits(x) for x in heads(h, k)], axis=1)
+    return jnp.argmax(logits, -1).astype(jnp.int32)
+
+  accepted = drive_drafter(g, p, MTPParallelDrafter(k, graphdef=hg), hp,
+                           random_prompts(3, VOCAB, seed=12, min_len=3), 8, reference,
+                           cache_len=64, accept_schedule=[3, 0, 1, 2, 2, 3, 0, 1])
+  assert set(accepted.ravel().tolist()) == {0, 1, 2, 3}
 
 
 @pytest.fixture(scope="module")

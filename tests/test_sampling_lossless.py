@@ -16,7 +16,7 @@ from flax import nnx
 import broken_verifiers
 from decoding_helpers import run_ar, run_spec, tiny_model
 from specjax.decoding import speculative
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.draft_model import DraftModelDrafter
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads

@@ -1,5 +1,6 @@
 """Greedy speculative decoding equals AR, token for token; the caches roll back exactly."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -68,7 +69,7 @@ def test_target_cache_after_rejections_equals_ar_cache(models):
                   keep_cache=True)
   assert np.asarray(spec.accept_counts)[0] > 0  # there were rejected blocks
   end_ar, end_spec = np.asarray(ar.cache.end_B), np.asarray(spec.cache.end_B)
-  assert np.all(end_spec >= end_ar)  # spec may commit past max_new before truncating
+  np.testing.assert_array_equal(end_spec, end_ar)  # only what was committed is kept
   for layer_ar, layer_spec in zip(ar.cache.layers, spec.cache.layers):
     for a, s in ((layer_ar.k_BxSxKxH, layer_spec.k_BxSxKxH),
                  (layer_ar.v_BxSxKxH, layer_spec.v_BxSxKxH)):
@@ -87,3 +88,114 @@ def test_prompt_lookup_copies_the_continuation_of_a_repeated_ngram():
   assert q is None
   assert drafts[0].tolist() == [7, 8, 9]  # "5 6" occurred before, followed by 7 8 9
   assert drafts[1].tolist() == [7, 7, 7]  # no earlier occurrence: repeat pending
+
+
+def test_draft_model_cache_rolls_back_at_every_position(models):
+  """Proposals after rejections at every position 0..K equal the draft model's own greedy
+  continuation of the committed text, recomputed without a cache."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from decoding_helpers import drive_drafter
+  (g, p), (dg, dp) = models
+  k = 3
+
+  def reference(target, params, seq_BxS, end_B):
+    draft = nnx.merge(dg, params)
+    seq, drafts = seq_BxS, []
+    for j in range(k):
+      logits = draft(seq).logits_BxTxV  # causal: positions <= end + j are exact
+      d = jnp.argmax(jnp.take_along_axis(logits, (end_B + j)[:, None, None], 1)[:, 0], -1)
+      drafts.append(d.astype(jnp.int32))
+      seq = jax.vmap(lambda row, e, v: row.at[e + j + 1].set(v))(seq, end_B, drafts[-1])
+    return jnp.stack(drafts, 1)
+
+  accepted = drive_drafter(g, p, DraftModelDrafter(k, graphdef=dg), dp,
+                           random_prompts(3, VOCAB, seed=4, min_len=2), 10, reference,
+                           cache_len=64, accept_schedule=[0, 1, 2, 3, 2, 0, 3, 1, 1, 0])
+  assert set(accepted.ravel().tolist()) == {0, 1, 2, 3}
+
+
+class RowOracleDrafter(DraftModelDrafter):
+  """Drafts the target's own tokens for row 0 and garbage for the other rows (greedy), so
+  row 0 races ahead and finishes while the others are still decoding."""
+
+  def propose(self, params, target, state, ctx, sampler, rng):
+    import jax.numpy as jnp
+    drafts, q, state = super().propose(params, target, state, ctx, sampler, rng)
+    garbage = (drafts + 1) % VOCAB
+    return jnp.where(jnp.arange(drafts.shape[0])[:, None] == 0, drafts, garbage), q, state
+
+
+@pytest.mark.parametrize("eos", [-1, "early"])
+def test_rows_that_finish_early_keep_exactly_their_committed_cache(models, eos):
+  """Row 0 (the longest prompt, in a cache sized exactly to fit it) commits K + 1 tokens a
+  step and is cut short by max_new_tokens (or EOS); the other rows go on. Its cache must end
+  where AR's does and hold the same K/V: a finished row never writes past the cache."""
+  (g, p), _ = models
+  k, max_new = 4, 8
+  prompts = random_prompts(3, VOCAB, seed=21, min_len=5, max_len=5)
+  prompts[0] = prompts[0] + [7, 9]  # the longest row
+  cache_len = len(prompts[0]) + max_new + k + 1
+  if eos == "early":  # row 0 stops on a token it generates mid-step
+    eos = to_lists(run_ar(g, p, prompts, max_new, eos=-1), -1)[0][3]
+  ar = run_ar(g, p, prompts, max_new, eos=eos, keep_cache=True, cache_len=cache_len)
+  spec = run_spec(g, p, RowOracleDrafter(k, graphdef=g), p, prompts, max_new, eos=eos,
+                  keep_cache=True, cache_len=cache_len)
+  assert to_lists(spec, eos) == to_lists(ar, eos)
+  np.testing.assert_array_equal(np.asarray(spec.cache.end_B), np.asarray(ar.cache.end_B))
+  for layer_ar, layer_spec in zip(ar.cache.layers, spec.cache.layers):
+    for b, end in enumerate(np.asarray(ar.cache.end_B)):
+      np.testing.assert_allclose(np.asarray(layer_spec.k_BxSxKxH[b, :end]),
+                                 np.asarray(layer_ar.k_BxSxKxH[b, :end]), atol=2e-5)
+
+
+def test_decoders_refuse_rows_that_do_not_fit_the_cache(models):
+  from specjax.errors import SpecjaxError
+  (g, p), (dg, dp) = models
+  prompts = [[5] * 10]
+  with pytest.raises(SpecjaxError, match="raise --config.cache_len"):
+    run_ar(g, p, prompts, 20, cache_len=30)  # 10 + 20 + 1 > 30
+  run_ar(g, p, prompts, 19, cache_len=30)
+  with pytest.raises(SpecjaxError, match="with max_new_tokens=16 and 4 draft tokens"):
+    run_spec(g, p, DraftModelDrafter(4, graphdef=dg), dp, prompts, 16, cache_len=30)
+  with pytest.raises(SpecjaxError, match="padded to 16 tokens do not fit cache_len=12"):
+    run_ar(g, p, [[5]], 2, cache_len=12)
+
+
+def test_zero_draft_tokens_is_a_clear_error(models):
+  from specjax.errors import SpecjaxError
+  _, (dg, _) = models
+  with pytest.raises(SpecjaxError, match="num_draft_tokens must be >= 1, got 0"):
+    DraftModelDrafter(0, graphdef=dg)
+  with pytest.raises(SpecjaxError, match="num_draft_tokens must be >= 1"):
+    PromptLookupDrafter(0)
+
+
+def test_bf16_speculative_decoding_equals_bf16_ar():
+  """Parameters and activations in bfloat16 (logits accumulated in float32): the draft
+  model's greedy output equals the bf16 AR baseline's."""
+  import dataclasses
+
+  from flax import nnx
+
+  from specjax.models import Transformer
+
+  def bf16(seed, layers, d):
+    g, params = tiny_model(VOCAB, seed=seed, layers=layers, d=d)
+    cfg = dataclasses.replace(nnx.merge(g, params).cfg, dtype="bfloat16",
+                              param_dtype="bfloat16")
+    model = Transformer(cfg, rngs=nnx.Rngs(seed))
+    return nnx.split(model, nnx.Param)
+
+  g, p = bf16(0, 2, 32)
+  dg, dp = bf16(0, 2, 32)  # the target drafting for itself: long accepted runs
+  rg, rp = bf16(1, 1, 16)  # a random drafter: rejections everywhere
+  assert nnx.merge(g, p).embedding[...].dtype == jnp.bfloat16
+  prompts = random_prompts(8, VOCAB, seed=31)
+  ar = to_lists(run_ar(g, p, prompts, 24), 0)
+  for drafter, dparams in ((DraftModelDrafter(4, graphdef=dg), dp),
+                           (DraftModelDrafter(4, graphdef=rg), rp)):
+    spec = run_spec(g, p, drafter, dparams, prompts, 24)
+    assert to_lists(spec, 0) == ar

@@ -198,3 +198,13 @@ def test_commit_stops_rows_at_eos_and_max_new_and_leaves_finished_rows_alone():
   assert out[1, 1:4].tolist() == [5, 6, 7]  # only the committed m + 1 tokens count
   assert out[2, 6].tolist() == 5  # truncated at max_new_tokens
   assert out[3].tolist() == [0] * 12  # a finished row is not written
+
+
+def test_commit_stops_on_any_of_several_eos_ids():
+  from specjax.decoding.common import commit_tokens
+  out = jnp.zeros((2, 8), jnp.int32)
+  count, done = jnp.array([1, 1]), jnp.array([False, False])
+  new = jnp.array([[4, 7, 5, 6], [4, 9, 9, 9]])
+  out, count, done = commit_tokens(out, count, done, new, jnp.array([4, 4]),
+                                   jnp.full((2,), 7), (7, 9))
+  assert count.tolist() == [3, 3] and done.tolist() == [True, True]

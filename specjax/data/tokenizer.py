@@ -27,8 +27,8 @@ EOS_ID, PAD_ID, MASK_ID = 0, 1, 2
 class SpecialIds:
   """The special token ids of a run's tokenizer (defaults: a specjax-trained tokenizer).
 
-  eos_id stops decoding and closes each training document; eos_ids lists every id the
-  checkpoint calls EOS (decoding stops on eos_id, the first). pad_id fills padding only,
+  eos_id closes each training document; eos_ids lists every id the checkpoint calls EOS
+  (decoding stops on any of them; on eos_id when the list is empty). pad_id fills padding only,
   never attended to; without a pad token it is eos_id. add_bos: prepend bos_id to every
   encoded text that the tokenizer's own post-processor did not already start with it.
   """

@@ -63,13 +63,18 @@ def prefill(target, tokens_BxP, lens_B, cache_len: int, feature_layers=()):
   return out.cache.rollback(lens_B), out, last
 
 
-def commit_tokens(out_BxN, count_B, done_B, new_BxT, num_new_B, max_new_B, eos_id: int):
+def eos_set(eos_id) -> tuple[int, ...]:
+  """EOS as a tuple of ids (a checkpoint may name several); an int is one id."""
+  return tuple(int(e) for e in eos_id) if isinstance(eos_id, (tuple, list)) else (int(eos_id),)
+
+
+def commit_tokens(out_BxN, count_B, done_B, new_BxT, num_new_B, max_new_B, eos_id):
   """Appends the first num_new_B[b] tokens of new_BxT to each active row, stopping at EOS
-  (kept) or max_new_B. Returns (out, count, done)."""
+  (any of the ids in `eos_id`; kept) or max_new_B. Returns (out, count, done)."""
   active = ~done_B
   t = new_BxT.shape[1]
   valid = jnp.arange(t)[None, :] < num_new_B[:, None]
-  is_eos = (new_BxT == eos_id) & valid
+  is_eos = jnp.isin(new_BxT, jnp.asarray(eos_set(eos_id), jnp.int32)) & valid
   has_eos = is_eos.any(-1)
   n = jnp.where(has_eos, jnp.argmax(is_eos, -1) + 1, num_new_B)
   n = jnp.where(active, jnp.minimum(n, max_new_B - count_B), 0)
@@ -100,7 +105,7 @@ class DecodeLoop:
   sampler: object  # decoding.sampling.Sampler
   max_new_tokens: int
   cache_len: int
-  eos_id: int
+  eos_id: int | tuple[int, ...]  # decoding stops on any of them
   keep_cache: bool = False  # return the final target cache (tests inspect it)
 
   @property
@@ -141,14 +146,15 @@ class DecodeLoop:
         accept_counts=accept_counts, cache=final.cache if self.keep_cache else None)
 
 
-def to_lists(result: DecodeResult, eos_id: int) -> list[list[int]]:
+def to_lists(result: DecodeResult, eos_id) -> list[list[int]]:
   """Host side: each row's generated ids, without the EOS that ended it."""
   tokens = np.asarray(result.tokens_BxN)
   counts = np.asarray(result.num_tokens_B)
+  eos = eos_set(eos_id)
   rows = []
   for row, n in zip(tokens, counts):
     ids = [int(t) for t in row[:n]]
-    if ids and ids[-1] == eos_id:
+    if ids and ids[-1] in eos:
       ids = ids[:-1]
     rows.append(ids)
   return rows

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.errors import SpecjaxError
 from specjax.models import TransformerOutput
 

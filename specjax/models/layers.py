@@ -183,7 +183,8 @@ class Attention(nnx.Module):
     operands = (q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
     if len(buckets) == 1:
       return self._out(branch(buckets[0])(*operands))
-    index = jnp.minimum(jnp.searchsorted(jnp.asarray(buckets), num_keys), len(buckets) - 1)
+    # the first bucket holding num_keys slots (a compare and a sum: searchsorted is a loop)
+    index = jnp.minimum(jnp.sum(jnp.asarray(buckets[:-1]) < num_keys), len(buckets) - 1)
     return self._out(jax.lax.switch(index, [branch(n) for n in buckets], *operands))
 
   def __call__(self, x_BxTxD, positions_BxT, mask_BxTxS=None, cache: LayerKV | None = None,

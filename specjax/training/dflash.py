@@ -19,7 +19,7 @@ import optax
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.data import regenerate
+from specjax.training import regenerate
 from specjax.drafters.dflash import DFlashModel
 from specjax.errors import SpecjaxError
 from specjax.models import default_feature_layers

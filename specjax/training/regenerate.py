@@ -19,7 +19,7 @@ import numpy as np
 from specjax import run_dir as run_dir_lib
 from specjax.data import pipeline, tokenizer as tokenizer_lib
 from specjax.decoding.ar import ARDecoder
-from specjax.decoding.sampling import Sampler
+from specjax.sampling import Sampler
 from specjax.errors import SpecjaxError
 
 
