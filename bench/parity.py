@@ -1,13 +1,15 @@
 """specjax against the reference implementations, on the same imported weights, in one run.
 
-  python bench/parity.py [--new_tokens=32] [--speed_tokens=128]
+  python bench/parity.py [--new_tokens=32] [--speed_tokens=128] [--run_dir=runs/tiny]
 
 Per reference: the largest |logit difference| over a batch of prompts of different lengths
 (float32) and the greedy token agreement with `transformers` `generate`; then the AR tokens/s
 of specjax's on-device loop against `generate` (greedy, batch 1, same weights). References are
 random checkpoints built with `transformers` (norm weights perturbed), imported with
 `specjax.interop.hf`. Each reference family is one function returning rows: add one to
-`REFERENCES` to cover another format.
+`REFERENCES` to cover another format. Z Lab DFlash (`bench/parity_dflash.py`, on the run's
+target): an imported random drafter's logits against the reference's, greedy agreement with
+`dflash_generate`, then the T=1 tau of argmax and sampled DFlash / parallel-MTP proposals.
 """
 
 from __future__ import annotations
@@ -104,9 +106,6 @@ def target_rows(workdir, args) -> list[dict]:
   return rows
 
 
-REFERENCES = [target_rows]  # the z-lab DFlash drafters add their function here
-
-
 def ar_speed(workdir, args) -> tuple[float, float]:
   """(specjax tok/s, transformers tok/s): greedy, batch 1, EOS off, best of `repeats`."""
   model, run_dir = import_reference(workdir, "llama", False, 0)
@@ -129,11 +128,28 @@ def ar_speed(workdir, args) -> tuple[float, float]:
   return n / min(ours), n / min(theirs)
 
 
+def dflash_rows(workdir, args) -> list[dict]:
+  """Z Lab's DFlashDraftModel, imported for the run's target (needs run_dir/target)."""
+  import parity_dflash
+  run_dir = run_dir_lib.resolve(args.run_dir)
+  if not os.path.isdir(os.path.join(run_dir, "target", "checkpoints")):
+    print(f"(no target in {run_dir}: no DFlash rows)")
+    return []
+  diff, _ = parity_dflash.logit_parity(run_dir, workdir)
+  same, total, _, _, which = parity_dflash.generate_parity(run_dir, workdir, 4, args.new_tokens)
+  return [{"reference": f"dflash ({which.split()[0]} drafter)", "max_logit_diff": diff,
+           "agreement": f"{same}/{total}"}]
+
+
+REFERENCES = [target_rows, dflash_rows]  # one function per reference family
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser()
   parser.add_argument("--new_tokens", type=int, default=32)
   parser.add_argument("--speed_tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--run_dir", default="runs/tiny")  # DFlash rows: this run's target
   args = parser.parse_args(argv)
   with tempfile.TemporaryDirectory() as workdir:
     rows = [r for fn in REFERENCES for r in fn(workdir, args)]
@@ -146,6 +162,9 @@ def main(argv=None):
     print(f"AR greedy, batch 1, {args.speed_tokens} new tokens, best of {args.repeats}, "
           f"torch threads {torch.get_num_threads()}: specjax {ours:.1f} tok/s, transformers "
           f"generate {theirs:.1f} tok/s, ratio {ours / theirs:.2f}x")
+    if os.path.isdir(os.path.join(run_dir_lib.resolve(args.run_dir), "target")):
+      import parity_dflash
+      parity_dflash.print_taus(run_dir_lib.resolve(args.run_dir), workdir)
 
 
 if __name__ == "__main__":

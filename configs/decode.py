@@ -23,6 +23,10 @@ def get_config():
   c.batch_size = 4
   c.num_draft_tokens = 4  # K for draft-model, prompt-lookup and MTP drafters
   c.block_size = 8  # block drafters (B - 1 drafts per step)
+  # DFlash and parallel MTP at T > 0: "sample" draws each draft from its own processed
+  # distribution q_k and verifies with q (as Z Lab's reference does); "argmax" proposes the
+  # argmax, verified as a one-hot q. Both are lossless.
+  c.proposal = "sample"
   c.lookup_max_ngram = 3
   c.cache_len = 512  # positions per row: prompt + max_new_tokens + K + 1 must fit
   c.seed = 0

@@ -19,6 +19,15 @@ def get_config():
   c.feature_layers = ()  # target layers to read; empty = num_feature_layers spread evenly
   c.num_feature_layers = 3
   c.block_size = 16  # trained block; decoding may use any smaller one
+  # mask slots: -1 = a learned mask vector; a token id = the target's embedding of that token
+  # (Z Lab's design; needed to export to their format: python -m specjax.interop export-dflash)
+  c.mask_token_id = -1
+  # the drafter layers' own shape (Z Lab drafters set these); empty = the target's.
+  # keys: num_heads, num_kv_heads, head_dim, mlp_dim, rope_theta, norm_eps
+  c.layer_shape = ml_collections.ConfigDict()
+  c.output_multiplier = 1.0  # draft logits scale
+  c.final_logit_softcapping = 0.0  # 0 = off; else cap * tanh(logits / cap)
+  c.embedding_scale = 1.0  # block embeddings scale (Z Lab's input_embedding_scale)
   c.gamma = 7.0  # loss decay exp(-(k-1)/gamma): 7, 5, 4 for B = 16, 10, 8
   c.num_anchors = 16  # blocks per sequence per step
   c.label_source = "target"  # target: train on the target's greedy continuations | data

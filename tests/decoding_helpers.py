@@ -78,7 +78,7 @@ def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, ref
                   cache_len=96, accept_schedule=None):
   """Runs the draft-verify protocol by hand (greedy) and checks every proposal against
   `reference(target, drafter_params, committed_BxS, end_B) -> drafts_BxK`, a cache-free
-  recomputation. Returns the accepted counts, [steps, B].
+  recomputation (None: no check). Returns the accepted counts, [steps, B].
 
   `accept_schedule[t]` (optional) forces the number of drafts step t keeps, whatever the
   target thinks of them, so that the drafter's rollback is exercised at every position
@@ -122,15 +122,18 @@ def drive_drafter(graphdef, params, drafter, drafter_params, prompts, steps, ref
     seq = write_rows(seq, new, end + 1)
     return drafts, out.cache.rollback(end + m + 1), state, seq, nxt, m
 
-  ref = jax.jit(lambda p, dp, seq, end: reference(nnx.merge(graphdef, p), dp, seq, end))
+  if reference is not None:
+    ref = jax.jit(lambda p, dp, seq, end: reference(nnx.merge(graphdef, p), dp, seq, end))
   cache, state, seq, pending = start(params, drafter_params)
   accepted = []
   for t in range(steps):
-    expected = ref(params, drafter_params, seq, cache.end_B)
+    if reference is not None:
+      expected = ref(params, drafter_params, seq, cache.end_B)
     forced = jnp.full((tokens.shape[0],), -1 if accept_schedule is None else
                       accept_schedule[t % len(accept_schedule)], jnp.int32)
     drafts, cache, state, seq, pending, m = step(params, drafter_params, cache, state, seq,
                                                  pending, forced)
-    np.testing.assert_array_equal(np.asarray(drafts), np.asarray(expected))
+    if reference is not None:
+      np.testing.assert_array_equal(np.asarray(drafts), np.asarray(expected))
     accepted.append(np.asarray(m))
   return np.stack(accepted)

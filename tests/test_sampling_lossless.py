@@ -73,8 +73,8 @@ SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
 
 def drafters(target):
   """Every drafter kind at K = 2: full-q proposals (draft model, sequential MTP, whose q
-  depends on the drafts before it) and one-hot proposals (prompt lookup, parallel MTP,
-  DFlash)."""
+  depends on the drafts before it; parallel MTP and DFlash drawing each draft from its own
+  q_k) and one-hot proposals (prompt lookup; parallel MTP and DFlash proposing argmax)."""
   g, p = target
   cfg = nnx.merge(g, p).cfg
   dg, dp = tiny_model(V, seed=1, layers=1, d=16)
@@ -82,15 +82,22 @@ def drafters(target):
   hg, hp = nnx.split(ParallelHeads(cfg.d_model, K, rngs=nnx.Rngs(4)), nnx.Param)
   sg, sp = nnx.split(SequentialModules(cfg, K, rngs=nnx.Rngs(5)), nnx.Param)
   fg, fp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6)), nnx.Param)
+  mg, mp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6), mask_token_id=V - 1), nnx.Param)
   return {
       "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
       "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
       "target_itself": (DraftModelDrafter(K, graphdef=g), p),  # accepts all: bonus every step
       "prompt_lookup": (PromptLookupDrafter(K), None),
-      "mtp_parallel": (MTPParallelDrafter(K, graphdef=hg), perturbed(hp, 7, 0.3)),
+      "mtp_parallel_argmax": (MTPParallelDrafter(K, graphdef=hg, proposal="argmax"),
+                              perturbed(hp, 7, 0.3)),
+      "mtp_parallel_sample": (MTPParallelDrafter(K, graphdef=hg, proposal="sample"),
+                              perturbed(hp, 7, 0.3)),
       "mtp_sequential": (MTPSequentialDrafter(K, graphdef=sg, target_layers=cfg.num_layers),
                          sp),
-      "dflash": (DFlashDrafter(K, graphdef=fg, target_feature_layers=(1, 2)), fp),
+      "dflash_argmax": (DFlashDrafter(K, graphdef=fg, target_feature_layers=(1, 2),
+                                      proposal="argmax"), fp),
+      "dflash_sample": (DFlashDrafter(K, graphdef=mg, target_feature_layers=(1, 2),
+                                      proposal="sample"), mp),  # mask = a token's embedding
   }
 
 

@@ -17,6 +17,7 @@ import abc
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from specjax.sampling import Sampler
@@ -76,3 +77,16 @@ class Drafter(abc.ABC):
   @abc.abstractmethod
   def commit(self, params, target, state, verified: Verified):
     """State after verification: keep what the accepted tokens justify, drop the rest."""
+
+
+PROPOSALS = ("sample", "argmax")
+
+
+def propose_from_logits(logits_BxKxV, sampler, rng, proposal: str):
+  """(drafts, q): at T > 0 with proposal "sample", each position drawn from its own processed
+  distribution q_k, returned for the general min(1, p/q) rule; otherwise argmax, q None."""
+  if proposal not in PROPOSALS:
+    raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
+  if sampler.greedy or proposal == "argmax":
+    return jnp.argmax(logits_BxKxV, -1).astype(jnp.int32), None
+  return sampler.sample(logits_BxKxV, rng), sampler.probs(logits_BxKxV)

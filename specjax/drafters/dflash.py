@@ -7,8 +7,15 @@ forward pass, conditioned on the target's hidden states.
   queries from the block only; context features skip the query, output projection and MLP.
   Attention inside the block is non-causal; the block sees every context position.
 - Block: [last committed token, MASK x (B-1)] at positions continuing the context; the
-  committed token uses the target's embedding, masks a learned mask embedding. One pass gives
-  B-1 drafts through the target's frozen LM head.
+  committed token uses the target's embedding; the mask slots use either the target's
+  embedding of a dedicated `mask_token_id` (Z Lab's design; what imported and exportable
+  drafters use) or a learned mask vector. One pass gives B-1 drafts through the target's
+  frozen LM head (optionally scaled by `output_multiplier`, then soft-capped).
+- Layers: the drafter's own heads / head_dim / MLP width (`layer_cfg`); the hidden size is the
+  target's.
+- Proposals at T > 0: `proposal="sample"` draws each slot from its own processed
+  distribution q_k and verification uses that q (lossless, as the reference does);
+  `"argmax"` proposes the argmax (one-hot q).
 - Cache: per layer, the K/V of the projected context features at committed positions. The
   block's K/V are written in place at the block's positions while drafting, and the commit
   overwrites them with the context K/V of the verified window; entries past the committed
@@ -23,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.drafters.base import Context, Drafter, Prefill, Verified
+from specjax.drafters.base import Context, Drafter, Prefill, Verified, propose_from_logits
 from specjax.models import LayerKV, write_rows
 from specjax.models.layers import Block, RMSNorm, TransformerConfig, fan_in_init, param
 
@@ -62,14 +69,29 @@ class DFlashModel(nnx.Module):
   """The drafter's parameters: feature projection, mask embedding, layers, final norm."""
 
   def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
-               rngs: nnx.Rngs):
-    d, pd = cfg.d_model, cfg.weight_dtype
+               rngs: nnx.Rngs, layer_cfg: TransformerConfig | None = None,
+               mask_token_id: int | None = None, output_multiplier: float = 1.0,
+               logit_softcap: float = 0.0, embedding_scale: float = 1.0):
+    """cfg: the target's shape. layer_cfg: the drafter layers' shape (d_model = the target's;
+    default: the target's own). mask_token_id: mask slots are the target's embedding of this
+    token (None: a learned mask vector). embedding_scale multiplies the block's embeddings."""
+    layer_cfg = layer_cfg or cfg
+    if layer_cfg.d_model != cfg.d_model:
+      raise ValueError(f"drafter d_model {layer_cfg.d_model} != target d_model {cfg.d_model}")
+    d, pd = cfg.d_model, layer_cfg.weight_dtype
     self.cfg = cfg
+    self.layer_cfg = layer_cfg
+    self.mask_token_id = mask_token_id
+    self.output_multiplier = float(output_multiplier)
+    self.logit_softcap = float(logit_softcap)
+    self.embedding_scale = float(embedding_scale)
+    eps = layer_cfg.norm_eps
     self.fc = param(rngs, fan_in_init(0, 1), (num_features * d, d), (None, "embed"), pd)
-    self.fc_norm = RMSNorm(d, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
-    self.mask_embedding = param(rngs, nnx.initializers.normal(d**-0.5), (d,), ("embed",), pd)
-    self.layers = nnx.List([DFlashLayer(cfg, rngs=rngs) for _ in range(num_layers)])
-    self.final_norm = RMSNorm(d, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
+    self.fc_norm = RMSNorm(d, eps=eps, param_dtype=pd, rngs=rngs)
+    if mask_token_id is None:
+      self.mask_embedding = param(rngs, nnx.initializers.normal(d**-0.5), (d,), ("embed",), pd)
+    self.layers = nnx.List([DFlashLayer(layer_cfg, rngs=rngs) for _ in range(num_layers)])
+    self.final_norm = RMSNorm(d, eps=eps, param_dtype=pd, rngs=rngs)
 
   def project(self, features) -> jax.Array:
     """Target features (a tuple of [B, T, D]) -> context features [B, T, D]."""
@@ -83,9 +105,22 @@ class DFlashModel(nnx.Module):
     """Embedded blocks [token, MASK x (B-1)]: [B, A * block_size, D]."""
     b, a = first_tokens_BxA.shape
     first = target.embed(first_tokens_BxA)[:, :, None, :]
-    masks = jnp.broadcast_to(self.mask_embedding[...].astype(first.dtype),
-                             (b, a, block_size - 1, first.shape[-1]))
-    return jnp.concatenate([first, masks], axis=2).reshape(b, a * block_size, -1)
+    if self.mask_token_id is None:
+      mask_D = self.mask_embedding[...].astype(first.dtype)
+    else:
+      mask_D = target.embed(jnp.asarray(self.mask_token_id, jnp.int32))
+    masks = jnp.broadcast_to(mask_D, (b, a, block_size - 1, first.shape[-1]))
+    x = jnp.concatenate([first, masks], axis=2).reshape(b, a * block_size, -1)
+    return x * self.embedding_scale if self.embedding_scale != 1.0 else x
+
+  def draft_logits(self, target, hidden_BxTxD):
+    """The target's LM head on drafter hidden states, then output_multiplier and softcap."""
+    logits = target.logits(hidden_BxTxD)
+    if self.output_multiplier != 1.0:
+      logits = logits * self.output_multiplier
+    if self.logit_softcap > 0:
+      logits = jnp.tanh(logits / self.logit_softcap) * self.logit_softcap
+    return logits
 
   def __call__(self, x_BxQxD, positions_BxQ, ctx_kv, mask_BxQxC):
     for layer, kv in zip(self.layers, ctx_kv):
@@ -109,6 +144,7 @@ class DFlashDrafter(Drafter):
 
   graphdef: nnx.GraphDef = None
   target_feature_layers: tuple[int, ...] = ()
+  proposal: str = "sample"  # at T > 0: "sample" from q_k (verified with q) | "argmax"
 
   @property
   def feature_layers(self):
@@ -128,7 +164,7 @@ class DFlashDrafter(Drafter):
 
   def init(self, params, target, prefill: Prefill):
     model = nnx.merge(self.graphdef, params)
-    cfg = target.cfg
+    cfg = model.layer_cfg
     b = prefill.tokens_BxP.shape[0]
     shape = (b, prefill.cache_len, cfg.num_kv_heads, cfg.head_dim)
     empty = tuple(LayerKV(jnp.zeros(shape, cfg.compute_dtype), jnp.zeros(shape, cfg.compute_dtype))
@@ -142,9 +178,8 @@ class DFlashDrafter(Drafter):
     x = model.block_inputs(target, ctx.pending_B[:, None], bs)
     positions = ctx.end_B[:, None] + jnp.arange(bs)[None, :]
     hidden, caches = model.decode_block(x, positions, caches)
-    logits = target.logits(hidden[:, 1:])
-    # argmax proposals (one-hot q): sampling positions independently destroys acceptance
-    return jnp.argmax(logits, -1).astype(jnp.int32), None, caches
+    logits = model.draft_logits(target, hidden[:, 1:])
+    return propose_from_logits(logits, sampler, rng, self.proposal) + (caches,)
 
   def commit(self, params, target, caches, verified: Verified):
     model = nnx.merge(self.graphdef, params)

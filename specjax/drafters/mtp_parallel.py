@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.drafters.base import Context, Drafter, Prefill, Verified
+from specjax.drafters.base import Context, Drafter, Prefill, Verified, propose_from_logits
 from specjax.models.layers import param
 
 
@@ -57,6 +57,7 @@ class MTPParallelDrafter(Drafter):
   """State: the target's final hidden state at the last cached position, [B, D]."""
 
   graphdef: nnx.GraphDef = None
+  proposal: str = "sample"  # at T > 0: "sample" from q_k (verified with q) | "argmax"
 
   def init(self, params, target, prefill: Prefill):
     hidden = prefill.output.hidden_BxTxD
@@ -66,8 +67,7 @@ class MTPParallelDrafter(Drafter):
     heads = nnx.merge(self.graphdef, params)
     hidden = heads(h_BxD[:, None], self.num_draft_tokens)
     logits_BxKxV = jnp.concatenate([target.logits(h) for h in hidden], axis=1)
-    # single-token (argmax) proposals, verified by the one-hot rule at any temperature
-    return jnp.argmax(logits_BxKxV, -1).astype(jnp.int32), None, h_BxD
+    return propose_from_logits(logits_BxKxV, sampler, rng, self.proposal) + (h_BxD,)
 
   def commit(self, params, target, h_BxD, verified: Verified):
     last = jnp.take_along_axis(verified.output.hidden_BxTxD,

@@ -9,6 +9,15 @@ from specjax.drafters.base import Drafter
 from specjax.errors import SpecjaxError
 
 
+def proposal(cfg) -> str:
+  """How DFlash and parallel MTP propose at T > 0 (decode config `proposal`)."""
+  from specjax.drafters.base import PROPOSALS
+  value = cfg.get("proposal", "sample")
+  if value not in PROPOSALS:
+    raise SpecjaxError(f"proposal must be one of {', '.join(PROPOSALS)}, got '{value}'")
+  return value
+
+
 def _prompt_lookup(cfg, target):
   from specjax.drafters.prompt_lookup import PromptLookupDrafter
   return PromptLookupDrafter(cfg.num_draft_tokens, max_ngram=cfg.lookup_max_ngram), None
@@ -30,7 +39,8 @@ def _mtp(variant):
                          "num_draft_tokens or retrain with more --config.num_heads")
     if variant == "parallel":
       from specjax.drafters.mtp_parallel import MTPParallelDrafter
-      return MTPParallelDrafter(cfg.num_draft_tokens, graphdef=graphdef), params
+      return MTPParallelDrafter(cfg.num_draft_tokens, graphdef=graphdef,
+                                proposal=proposal(cfg)), params
     from specjax.drafters.mtp_sequential import MTPSequentialDrafter
     return MTPSequentialDrafter(cfg.num_draft_tokens, graphdef=graphdef,
                                 target_layers=target.model_cfg.num_layers), params
@@ -41,8 +51,8 @@ def _dflash(cfg, target):
   from specjax.drafters.dflash import DFlashDrafter
   from specjax.training.dflash import load_dflash
   graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
-  return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef,
-                       target_feature_layers=layers), params
+  return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+                       proposal=proposal(cfg)), params
 
 
 BUILDERS: dict[str, Callable] = {

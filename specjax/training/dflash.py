@@ -10,6 +10,7 @@ Cross-entropy is weighted by exp(-(k-1)/gamma) over block position k.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -35,9 +36,41 @@ def feature_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
   return layers
 
 
+LAYER_SHAPE_KEYS = ("num_heads", "num_kv_heads", "head_dim", "mlp_dim", "rope_theta",
+                    "norm_eps", "rope_llama3_scaling")
+
+
+def layer_config(cfg, target_cfg):
+  """The drafter layers' shape: the target's, with `layer_shape` overrides (d_model stays)."""
+  overrides = dict(cfg.get("layer_shape", None) or {})
+  unknown = set(overrides) - set(LAYER_SHAPE_KEYS)
+  if unknown:
+    raise SpecjaxError(f"unknown layer_shape keys {sorted(unknown)}; known: "
+                       f"{list(LAYER_SHAPE_KEYS)}")
+  try:
+    return dataclasses.replace(target_cfg, num_layers=cfg.num_layers, **overrides)
+  except (TypeError, ValueError) as e:
+    raise SpecjaxError(f"bad layer_shape: {e}") from None
+
+
+def mask_token_id(cfg, vocab_size: int):
+  """The target token whose embedding fills mask slots, or None for a learned mask vector."""
+  token = int(cfg.get("mask_token_id", -1))
+  if token < 0:
+    return None
+  if token >= vocab_size:
+    raise SpecjaxError(f"mask_token_id={token} outside the target's vocabulary "
+                       f"(size {vocab_size})")
+  return token
+
+
 def build_model(cfg, target_cfg, rngs):
   return DFlashModel(target_cfg, cfg.num_layers, len(feature_layers(cfg, target_cfg.num_layers)),
-                     rngs=rngs)
+                     rngs=rngs, layer_cfg=layer_config(cfg, target_cfg),
+                     mask_token_id=mask_token_id(cfg, target_cfg.vocab_size),
+                     output_multiplier=float(cfg.get("output_multiplier", 1.0)),
+                     logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
+                     embedding_scale=float(cfg.get("embedding_scale", 1.0)))
 
 
 def sample_anchors(rng, valid_BxT, count: int):
@@ -99,7 +132,7 @@ def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
     block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
         b, -1)
     hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs))
-    logits = target.logits(hidden).reshape(b, cfg.num_anchors, bs, -1)
+    logits = model.draft_logits(target, hidden).reshape(b, cfg.num_anchors, bs, -1)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     w = position_weights(bs, gamma) * valid
     loss = (ce * w).sum() / jnp.maximum(w.sum(), 1e-6)

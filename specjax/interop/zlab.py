@@ -1,0 +1,284 @@
+"""Z Lab DFlash drafters (`dflash` package, `DFlashDraftModel`) <-> run_dir/dflash/.
+
+  python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR   # needs RUN_DIR/target
+  python -m specjax.interop export-dflash RUN_DIR OUT_DIR
+
+Their checkpoint: `config.json` (Qwen3 attention keys, `num_target_layers`, `block_size`,
+`dflash_config` {`target_layer_ids`, `mask_token_id`, optional `output_multiplier`,
+`final_logit_softcapping`, `input_embedding_scale`}) and safetensors `fc`, `hidden_norm`,
+`norm`, `layers.{i}.*` (a Qwen3 decoder layer). Their target layer id i is the output of
+decoder layer i, Hugging Face `hidden_states[i + 1]`: specjax feature layer i + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from specjax import run_dir as run_dir_lib
+from specjax.checkpoint import Checkpoints
+from specjax.errors import SpecjaxError
+from specjax.interop.safetensors_io import SINGLE_FILE, open_tensors, write_tensors
+
+ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
+
+# How a tensor maps: "copy" as is; "linear" torch [out, in] <-> specjax [in, out];
+# "heads_in" [N*H, D] <-> [D, N, H]; "heads_out" [D, N*H] <-> [N, H, D].
+_LAYER_TENSORS = {
+    "input_layernorm.weight": (("attn_norm", "scale"), "copy"),
+    "self_attn.q_proj.weight": (("attn", "wq"), "heads_in"),
+    "self_attn.k_proj.weight": (("attn", "wk"), "heads_in"),
+    "self_attn.v_proj.weight": (("attn", "wv"), "heads_in"),
+    "self_attn.o_proj.weight": (("attn", "wo"), "heads_out"),
+    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), "copy"),
+    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), "copy"),
+    "post_attention_layernorm.weight": (("mlp_norm", "scale"), "copy"),
+    "mlp.gate_proj.weight": (("mlp", "w_gate"), "linear"),
+    "mlp.up_proj.weight": (("mlp", "w_up"), "linear"),
+    "mlp.down_proj.weight": (("mlp", "w_down"), "linear"),
+}
+
+
+def name_table(num_layers: int) -> dict[str, tuple[tuple, str]]:
+  """z-lab tensor name -> (specjax parameter path, transform)."""
+  table = {"fc.weight": (("fc",), "linear"),
+           "hidden_norm.weight": (("fc_norm", "scale"), "copy"),
+           "norm.weight": (("final_norm", "scale"), "copy")}
+  for i in range(num_layers):
+    for name, (path, kind) in _LAYER_TENSORS.items():
+      table[f"layers.{i}.{name}"] = (("layers", i) + path, kind)
+  return table
+
+
+def to_specjax(x: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+  return x if kind == "copy" else x.T.reshape(shape)
+
+
+def to_zlab(x: np.ndarray, kind: str) -> np.ndarray:
+  if kind == "copy":
+    return x
+  if kind == "heads_in":  # [D, N, H] -> [N*H, D]
+    return x.reshape(x.shape[0], -1).T
+  if kind == "heads_out":  # [N, H, D] -> [D, N*H]
+    return x.reshape(-1, x.shape[-1]).T
+  return x.T
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+  """Z Lab's default: one id per drafter layer, round(1 + i*(N-4)/(n-1)); one layer: N//2."""
+  if num_draft_layers == 1:
+    return [num_target_layers // 2]
+  span = num_target_layers - 4
+  return [round(1 + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+
+
+def _read_json(path: str) -> dict:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise SpecjaxError(f"cannot read {path} ({e})") from None
+
+
+def _target_cfg(run_dir: str):
+  """The target's TransformerConfig, from its config and tokenizer only (no weights)."""
+  folder = run_dir_lib.require_model_dir(run_dir, "target")
+  return run_dir_lib.transformer_config(run_dir_lib.load_config(folder).model,
+                                        run_dir_lib.vocab_size(run_dir))
+
+
+def _rope_theta(config: dict) -> float:
+  rope = config.get("rope_parameters") or {}
+  scaling = config.get("rope_scaling") or {}
+  kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+  if kind != "default":
+    raise SpecjaxError(f"drafter RoPE type '{kind}' is not supported (plain RoPE only)")
+  return float(rope.get("rope_theta", config.get("rope_theta", 10_000.0)))
+
+
+def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.ConfigDict:
+  """The run_dir/dflash/config.json of an imported z-lab drafter."""
+  extra = zlab.get("dflash_config") or {}
+
+  def value(name, default=None):  # dflash_config wins over the top level, as in theirs
+    return extra.get(name, zlab.get(name, default))
+
+  arch = (zlab.get("architectures") or ["DFlashDraftModel"])[0]
+  if arch not in ARCHITECTURES:
+    raise SpecjaxError(f"architecture '{arch}' is not a z-lab drafter; known: "
+                       f"{', '.join(ARCHITECTURES)}")
+  if ARCHITECTURES[arch] != "dflash":
+    raise SpecjaxError(f"{arch} (DFlash 2) drafters are not supported yet; only "
+                       "DFlashDraftModel imports")
+  d, n_target = int(zlab["hidden_size"]), int(zlab.get("num_target_layers", -1))
+  if d != target_cfg.d_model:
+    raise SpecjaxError(f"drafter hidden_size {d} != the target's d_model {target_cfg.d_model}")
+  if n_target != target_cfg.num_layers:
+    raise SpecjaxError(f"drafter num_target_layers {n_target} != the target's "
+                       f"{target_cfg.num_layers} layers; import the target it was trained on")
+  for key, bad in (("attention_bias", True), ("is_causal", True)):
+    if zlab.get(key) == bad or extra.get(key) == bad:
+      raise SpecjaxError(f"drafter {key}={bad} is not supported")
+  if "sliding_attention" in (zlab.get("layer_types") or []):
+    raise SpecjaxError("drafter sliding-window attention layers are not supported")
+  if zlab.get("hidden_act", "silu") != "silu":
+    raise SpecjaxError(f"drafter hidden_act '{zlab['hidden_act']}' is not supported (silu)")
+  layers = int(zlab["num_hidden_layers"])
+  ids = value("target_layer_ids") or default_target_layer_ids(n_target, layers)
+  bad = [i for i in ids if not 0 <= int(i) < n_target - 1]
+  if bad:  # id N-1 is HF's last hidden state, which is after the final norm
+    raise SpecjaxError(f"target_layer_ids {bad} outside 0..{n_target - 2}")
+  mask = value("mask_token_id")
+  if mask is None or not 0 <= int(mask) < target_cfg.vocab_size:
+    raise SpecjaxError(f"mask_token_id {mask} is not a token of the target's vocabulary "
+                       f"(size {target_cfg.vocab_size})")
+  heads = int(zlab["num_attention_heads"])
+  softcap = value("final_logit_softcapping")
+  cfg = ml_collections.ConfigDict({
+      "method": "dflash",
+      "num_layers": layers,
+      "feature_layers": [int(i) + 1 for i in ids],
+      "num_feature_layers": len(ids),
+      "block_size": int(value("block_size", 16)),
+      "mask_token_id": int(mask),
+      "layer_shape": {
+          "num_heads": heads,
+          "num_kv_heads": int(zlab.get("num_key_value_heads") or heads),
+          "head_dim": int(zlab.get("head_dim") or d // heads),
+          "mlp_dim": int(zlab["intermediate_size"]),
+          "rope_theta": _rope_theta(zlab),
+          "norm_eps": float(zlab.get("rms_norm_eps", 1e-6)),
+          "rope_llama3_scaling": None,
+      },
+      "output_multiplier": float(value("output_multiplier", 1.0)),
+      "final_logit_softcapping": float(softcap) if softcap else 0.0,
+      "embedding_scale": float(value("input_embedding_scale", 1.0)),
+      "imported_from": os.path.abspath(source),
+      "zlab_config_json": json.dumps(zlab, sort_keys=True),  # export starts from it
+  })
+  return cfg
+
+
+def _flat(state) -> dict:
+  return {tuple(k): v for k, v in nnx.to_flat_state(state)}
+
+
+def import_dflash(src: str, run_dir: str):
+  """A z-lab DFlash checkpoint -> run_dir/dflash/ (config.json + an Orbax checkpoint)."""
+  from specjax.training.dflash import build_model
+  zlab = _read_json(os.path.join(src, "config.json"))
+  target_cfg = _target_cfg(run_dir)
+  cfg = drafter_config(zlab, target_cfg, src)
+  _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
+                          nnx.Param)
+  slots = _flat(abstract)
+  table = name_table(cfg.num_layers)
+  values, dtypes = {}, set()
+  with open_tensors(src) as reader:
+    extra = sorted(set(reader.names()) - set(table))
+    missing = sorted(set(table) - set(reader.names()))
+    if extra or missing:
+      raise SpecjaxError(f"{src}: tensors {missing[:3]} missing, {extra[:3]} unexpected for a "
+                         f"{cfg.num_layers}-layer DFlash drafter")
+    for name, (path, kind) in table.items():
+      shape = tuple(slots[path].get_value().shape)
+      x = reader.read(name)
+      if x.size != int(np.prod(shape)):
+        raise SpecjaxError(f"{src}: tensor '{name}' has shape {x.shape}, which does not fit "
+                           f"{shape} (the config's layer shape)")
+      dtypes.add(x.dtype.name)
+      values[path] = jnp.asarray(to_specjax(x.astype(np.float32), kind, shape))
+  cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+  params = nnx.from_flat_state([(path, var.replace(values[tuple(path)]))
+                                for path, var in nnx.to_flat_state(abstract)])
+  folder = run_dir_lib.model_dir(run_dir, "dflash")
+  os.makedirs(folder, exist_ok=True)
+  run_dir_lib.save_config(cfg, os.path.join(folder, "config.json"))
+  ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
+  try:
+    ckpt.save(0, params, {"step": jnp.int32(0)}, {"imported_from": cfg.imported_from})
+    ckpt.wait()
+  finally:
+    ckpt.close()
+  print(f"[import-dflash] {src} -> {folder}: {cfg.num_layers} layers, block {cfg.block_size}, "
+        f"target features from specjax layers {list(cfg.feature_layers)}, mask token "
+        f"{cfg.mask_token_id}", flush=True)
+
+
+def export_config(cfg, target_cfg) -> dict:
+  """Their config.json for a specjax drafter (an imported one keeps its other keys)."""
+  from specjax.training.dflash import feature_layers, layer_config
+  layer = layer_config(cfg, target_cfg)
+  layers = feature_layers(cfg, target_cfg.num_layers)
+  if min(layers) < 1 or max(layers) >= target_cfg.num_layers:
+    raise SpecjaxError(f"feature layers {list(layers)} have no z-lab target_layer_ids (they "
+                       f"must be 1..{target_cfg.num_layers - 1})")
+  if layer.rope_llama3_scaling is not None:
+    raise SpecjaxError("drafter layers with Llama-3 RoPE scaling cannot be exported")
+  base = json.loads(cfg.get("zlab_config_json", None) or "{}")
+  extra = dict(base.get("dflash_config") or {})
+  extra.update(target_layer_ids=[l - 1 for l in layers], mask_token_id=int(cfg.mask_token_id))
+  if "block_size" in extra:
+    extra["block_size"] = int(cfg.block_size)
+  for key, value, off in (("output_multiplier", cfg.get("output_multiplier", 1.0), 1.0),
+                          ("final_logit_softcapping", cfg.get("final_logit_softcapping", 0.0),
+                           0.0),
+                          ("input_embedding_scale", cfg.get("embedding_scale", 1.0), 1.0)):
+    if float(value) != off:
+      extra[key] = float(value)
+  base.pop("rope_scaling", None)
+  base.update({
+      "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+      "hidden_size": layer.d_model, "num_hidden_layers": layer.num_layers,
+      "num_attention_heads": layer.num_heads, "num_key_value_heads": layer.num_kv_heads,
+      "head_dim": layer.head_dim, "intermediate_size": layer.mlp_dim,
+      "rms_norm_eps": layer.norm_eps, "rope_theta": layer.rope_theta,
+      "rope_parameters": {"rope_type": "default", "rope_theta": layer.rope_theta},
+      "vocab_size": base.get("vocab_size", target_cfg.vocab_size),
+      "num_target_layers": target_cfg.num_layers, "block_size": int(cfg.block_size),
+      "attention_bias": False, "hidden_act": "silu", "tie_word_embeddings": False,
+      "dflash_config": extra,
+  })
+  base.setdefault("max_position_embeddings", 32768)
+  return base
+
+
+def export_dflash(run_dir: str, out_dir: str):
+  """run_dir/dflash/ -> a z-lab checkpoint (config.json + model.safetensors) in out_dir."""
+  from specjax.training.dflash import build_model
+  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
+  cfg = run_dir_lib.load_config(folder)
+  if int(cfg.get("mask_token_id", -1)) < 0:
+    raise SpecjaxError("this DFlash drafter uses a learned mask vector, which z-lab's format "
+                       "cannot hold; train it with --config.mask_token_id=<a token id>")
+  target_cfg = _target_cfg(run_dir)
+  config = export_config(cfg, target_cfg)
+  _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
+                          nnx.Param)
+  params = _flat(run_dir_lib.restore_params(folder, abstract))
+  dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
+  table = name_table(cfg.num_layers)
+
+  def tensor(name):
+    path, kind = table[name]
+    return np.ascontiguousarray(to_zlab(np.asarray(params[path].get_value(), np.float32), kind)
+                                .astype(dtype))
+
+  specs = {}
+  for name, (path, kind) in table.items():
+    shape = tuple(params[path].get_value().shape)
+    specs[name] = (to_zlab(np.empty(shape, np.uint8), kind).shape, dtype)
+  os.makedirs(out_dir, exist_ok=True)
+  write_tensors(os.path.join(out_dir, SINGLE_FILE), specs, tensor, {"format": "pt"})
+  config["dtype"] = config["torch_dtype"] = {"bfloat16": "bfloat16", "float16": "float16"}.get(
+      dtype.name, "float32")
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+  print(f"[export-dflash] {folder} -> {out_dir}: {len(specs)} tensors ({dtype.name})",
+        flush=True)
