@@ -15,6 +15,9 @@ import ml_collections
 from flax import nnx
 
 from specjax.checkpoint import Checkpoints
+from specjax.drafters import dflash as dflash_lib
+from specjax.drafters.mtp_parallel import heads_from_config
+from specjax.drafters.mtp_sequential import modules_from_config
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.errors import SpecjaxError
 from specjax.models import Transformer, TransformerConfig
@@ -152,3 +155,41 @@ def load_transformer(run_dir: str, name: str = "target") -> LoadedModel:
 
 def load_target(run_dir: str) -> LoadedModel:
   return load_transformer(run_dir, "target")
+
+
+def load_module(run_dir: str, name: str, build):
+  """(graphdef, params, training config) of the model in run_dir/<name>/, whatever it is:
+  `build(cfg, rngs)` makes it from its saved config (abstractly: nothing is initialised)."""
+  folder = require_model_dir(run_dir, name)
+  cfg = load_config(folder)
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(cfg, nnx.Rngs(0))), nnx.Param)
+  return graphdef, restore_params(folder, abstract), cfg
+
+
+HEAD_BUILDERS = {"parallel": heads_from_config, "sequential": modules_from_config}
+
+
+def load_mtp_heads(run_dir: str, variant: str, target):
+  """(heads graphdef, heads params, training config) of a trained MTP drafter."""
+  graphdef, params, cfg = load_module(
+      run_dir, f"mtp_{variant}",
+      lambda cfg, rngs: HEAD_BUILDERS[variant](cfg, target.model_cfg, rngs))
+  if not cfg.freeze_target:
+    raise SpecjaxError(
+        f"{model_dir(run_dir, f'mtp_{variant}')} was trained jointly with the target "
+        "(freeze_target=False): its target is not run_dir/target, so a lossless side-by-side "
+        "with the AR baseline is impossible; retrain with --config.freeze_target=True")
+  return graphdef, params, cfg
+
+
+def load_dflash(run_dir: str, target, block_size: int):
+  """(graphdef, params, feature layers) of a trained or imported DFlash drafter, for a decode
+  block size."""
+  if block_size < 2:
+    raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
+  graphdef, params, cfg = load_module(
+      run_dir, "dflash", lambda cfg, rngs: dflash_lib.build_model(cfg, target.model_cfg, rngs))
+  if block_size > cfg.block_size:
+    print(f"[dflash] warning: decoding with block_size={block_size} > the trained "
+          f"{cfg.block_size}; positions past {cfg.block_size} were never trained", flush=True)
+  return graphdef, params, dflash_lib.feature_layers(cfg, target.model_cfg.num_layers)

@@ -13,7 +13,6 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
-from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.models import default_feature_layers
 from specjax.training import dflash as dflash_training

@@ -20,7 +20,6 @@ from specjax.errors import SpecjaxError
 from specjax.interop import zlab
 from specjax.interop.safetensors_io import open_tensors
 from specjax.models import Transformer, TransformerConfig
-from specjax.training import dflash as dflash_training
 
 dflash_model = pytest.importorskip("dflash.model")
 
@@ -86,7 +85,7 @@ def test_imported_drafter_logits_equal_reference(imported):
   model, _, run, target = imported
   cfg = run_dir_lib.load_config(os.path.join(run, "dflash"))
   assert list(cfg.feature_layers) == [i + 1 for i in IDS]
-  graphdef, params, layers = dflash_training.load_dflash(
+  graphdef, params, layers = run_dir_lib.load_dflash(
       run, types.SimpleNamespace(model_cfg=target.cfg), cfg.block_size)
   drafter = nnx.merge(graphdef, params)
   bs, t = cfg.block_size, 9
@@ -200,7 +199,7 @@ def test_greedy_decoding_matches_dflash_generate(trained_export, monkeypatch):
   ref_target = AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
   ref_drafter = dflash_model.DFlashDraftModel.from_pretrained(zdir, dtype=torch.float32).eval()
   target = run_dir_lib.load_target(run)
-  graphdef, params, layers = dflash_training.load_dflash(run, target, 4)
+  graphdef, params, layers = run_dir_lib.load_dflash(run, target, 4)
   drafter = DFlashDrafter(3, graphdef=graphdef, target_feature_layers=layers)
   tok = run_dir_lib.load_tokenizer(run)
   max_new, agree, total, committed = 24, 0, 0, []

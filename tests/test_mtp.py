@@ -138,7 +138,7 @@ def test_mtp_training_leaves_the_target_bit_identical(trained):
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   target = run_dir_lib.load_target(run)
-  graphdef, params, _ = mtp_training.load_heads(run, "parallel", target)
+  graphdef, params, _ = run_dir_lib.load_mtp_heads(run, "parallel", target)
   n_heads = sum(x.size for x in jax.tree.leaves(params))
   n_target = sum(x.size for x in jax.tree.leaves(target.params))
   assert n_heads == 3 * target.model_cfg.d_model ** 2 < n_target  # only heads were saved
@@ -184,4 +184,4 @@ def test_joint_training_updates_the_target_and_refuses_a_lossy_comparison(
              zip(jax.tree.leaves(params["target"]), jax.tree.leaves(target.params))]
   assert any(changed)  # the jointly trained target moved; run_dir/target did not
   with pytest.raises(SpecjaxError, match="trained jointly with the target"):
-    mtp_training.load_heads(str(tmp_path), "parallel", target)
+    run_dir_lib.load_mtp_heads(str(tmp_path), "parallel", target)

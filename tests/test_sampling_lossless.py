@@ -69,6 +69,8 @@ def perturbed(params, seed, scale):
 
 
 SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
+WITH_TOP_K_TOP_P = ("draft_model", "target_itself", "mtp_sequential", "dflash_sample",
+                    "prompt_lookup")
 
 
 def drafters(target):
@@ -123,6 +125,8 @@ def test_speculative_sampling_matches_exact_distribution(target, sampler):
   exact = exact_marginals(g, p, sampler)
   assert max(m.max() for m in exact) < 0.7  # a spread distribution, not a trivial one
   for name, (drafter, dp) in drafters(target).items():
+    if sampler is not SAMPLERS[0] and name not in WITH_TOP_K_TOP_P:
+      continue  # the processed-p path is the same for every drafter: a few check it
     worst, result = worst_tv(target, drafter, dp, sampler, exact)
     assert worst < TOL, (name, worst)
     if name == "target_itself":  # every step accepted both drafts and emitted a bonus

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.drafters.base import Context, Drafter, Prefill, Verified, propose_from_logits
-from specjax.models import LayerKV, write_rows
+from specjax.errors import SpecjaxError
+from specjax.models import LayerKV, default_feature_layers, write_rows
 from specjax.models.layers import Block, RMSNorm, TransformerConfig, fan_in_init, param
 
 
@@ -185,3 +186,52 @@ class DFlashDrafter(Drafter):
     model = nnx.merge(self.graphdef, params)
     # all window positions are written; those past the new end are masked until rewritten
     return self._write_context(model, caches, verified.output.features, verified.start_B)
+
+
+# The drafter built from its (training or imported) config: what training, loading and the
+# interop code share.
+
+def feature_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
+  layers = tuple(int(l) for l in cfg.feature_layers) or default_feature_layers(
+      num_target_layers, cfg.num_feature_layers)
+  bad = [l for l in layers if not 0 <= l <= num_target_layers]
+  if bad:
+    raise SpecjaxError(f"feature_layers {bad} outside 0..{num_target_layers} (target depth)")
+  return layers
+
+
+LAYER_SHAPE_KEYS = ("num_heads", "num_kv_heads", "head_dim", "mlp_dim", "rope_theta",
+                    "norm_eps", "rope_llama3_scaling")
+
+
+def layer_config(cfg, target_cfg):
+  """The drafter layers' shape: the target's, with `layer_shape` overrides (d_model stays)."""
+  overrides = dict(cfg.get("layer_shape", None) or {})
+  unknown = set(overrides) - set(LAYER_SHAPE_KEYS)
+  if unknown:
+    raise SpecjaxError(f"unknown layer_shape keys {sorted(unknown)}; known: "
+                       f"{list(LAYER_SHAPE_KEYS)}")
+  try:
+    return dataclasses.replace(target_cfg, num_layers=cfg.num_layers, **overrides)
+  except (TypeError, ValueError) as e:
+    raise SpecjaxError(f"bad layer_shape: {e}") from None
+
+
+def mask_token_id(cfg, vocab_size: int):
+  """The target token whose embedding fills mask slots, or None for a learned mask vector."""
+  token = int(cfg.get("mask_token_id", -1))
+  if token < 0:
+    return None
+  if token >= vocab_size:
+    raise SpecjaxError(f"mask_token_id={token} outside the target's vocabulary "
+                       f"(size {vocab_size})")
+  return token
+
+
+def build_model(cfg, target_cfg, rngs):
+  return DFlashModel(target_cfg, cfg.num_layers, len(feature_layers(cfg, target_cfg.num_layers)),
+                     rngs=rngs, layer_cfg=layer_config(cfg, target_cfg),
+                     mask_token_id=mask_token_id(cfg, target_cfg.vocab_size),
+                     output_multiplier=float(cfg.get("output_multiplier", 1.0)),
+                     logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
+                     embedding_scale=float(cfg.get("embedding_scale", 1.0)))

@@ -52,6 +52,12 @@ class ParallelHeads(nnx.Module):
     return tuple(out)
 
 
+def heads_from_config(cfg, target_cfg, rngs) -> ParallelHeads:
+  """The heads a training config (`num_heads`, `layers_per_head`) describes."""
+  return ParallelHeads(target_cfg.d_model, cfg.num_heads, layers_per_head=cfg.layers_per_head,
+                       param_dtype=target_cfg.weight_dtype, rngs=rngs)
+
+
 @dataclasses.dataclass(frozen=True)
 class MTPParallelDrafter(Drafter):
   """State: the target's final hidden state at the last cached position, [B, D]."""

@@ -55,6 +55,11 @@ class SequentialModules(nnx.Module):
     self.stack = nnx.List([MTPModule(cfg, rngs=rngs) for _ in range(num_modules)])
 
 
+def modules_from_config(cfg, target_cfg, rngs) -> SequentialModules:
+  """The modules a training config (`num_heads` = depths) describes."""
+  return SequentialModules(target_cfg, cfg.num_heads, rngs=rngs)
+
+
 def shift_left(x_BxT, k: int, fill=0):
   """x[:, i + k] at position i (fill past the end)."""
   return jnp.pad(x_BxT[:, k:], ((0, 0), (0, k)), constant_values=fill)

@@ -31,8 +31,7 @@ def _draft(cfg, target):
 
 def _mtp(variant):
   def build(cfg, target):
-    from specjax.training.mtp import load_heads
-    graphdef, params, train_cfg = load_heads(cfg.run_dir, variant, target)
+    graphdef, params, train_cfg = run_dir_lib.load_mtp_heads(cfg.run_dir, variant, target)
     if cfg.num_draft_tokens > train_cfg.num_heads:
       raise SpecjaxError(f"num_draft_tokens={cfg.num_draft_tokens} but mtp_{variant} was "
                          f"trained with {train_cfg.num_heads} heads; lower --config."
@@ -49,8 +48,7 @@ def _mtp(variant):
 
 def _dflash(cfg, target):
   from specjax.drafters.dflash import DFlashDrafter
-  from specjax.training.dflash import load_dflash
-  graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
+  graphdef, params, layers = run_dir_lib.load_dflash(cfg.run_dir, target, cfg.block_size)
   return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
                        proposal=proposal(cfg)), params
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -171,7 +170,7 @@ def _flat(state) -> dict:
 
 def import_dflash(src: str, run_dir: str):
   """A z-lab DFlash checkpoint -> run_dir/dflash/ (config.json + an Orbax checkpoint)."""
-  from specjax.training.dflash import build_model
+  from specjax.drafters.dflash import build_model
   zlab = _read_json(os.path.join(src, "config.json"))
   target_cfg = _target_cfg(run_dir)
   cfg = drafter_config(zlab, target_cfg, src)
@@ -213,7 +212,7 @@ def import_dflash(src: str, run_dir: str):
 
 def export_config(cfg, target_cfg) -> dict:
   """Their config.json for a specjax drafter (an imported one keeps its other keys)."""
-  from specjax.training.dflash import feature_layers, layer_config
+  from specjax.drafters.dflash import feature_layers, layer_config
   layer = layer_config(cfg, target_cfg)
   layers = feature_layers(cfg, target_cfg.num_layers)
   if min(layers) < 1 or max(layers) >= target_cfg.num_layers:
@@ -251,7 +250,7 @@ def export_config(cfg, target_cfg) -> dict:
 
 def export_dflash(run_dir: str, out_dir: str):
   """run_dir/dflash/ -> a z-lab checkpoint (config.json + model.safetensors) in out_dir."""
-  from specjax.training.dflash import build_model
+  from specjax.drafters.dflash import build_model
   folder = run_dir_lib.require_model_dir(run_dir, "dflash")
   cfg = run_dir_lib.load_config(folder)
   if int(cfg.get("mask_token_id", -1)) < 0:

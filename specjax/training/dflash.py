@@ -10,7 +10,6 @@ Cross-entropy is weighted by exp(-(k-1)/gamma) over block position k.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import jax
@@ -20,57 +19,10 @@ from flax import nnx
 
 from specjax import run_dir as run_dir_lib
 from specjax.training import regenerate
-from specjax.drafters.dflash import DFlashModel
+from specjax.drafters.dflash import build_model, feature_layers
 from specjax.errors import SpecjaxError
-from specjax.models import default_feature_layers
 from specjax.training.loop import TrainTask, train
 from specjax.training.target import data_for
-
-
-def feature_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
-  layers = tuple(int(l) for l in cfg.feature_layers) or default_feature_layers(
-      num_target_layers, cfg.num_feature_layers)
-  bad = [l for l in layers if not 0 <= l <= num_target_layers]
-  if bad:
-    raise SpecjaxError(f"feature_layers {bad} outside 0..{num_target_layers} (target depth)")
-  return layers
-
-
-LAYER_SHAPE_KEYS = ("num_heads", "num_kv_heads", "head_dim", "mlp_dim", "rope_theta",
-                    "norm_eps", "rope_llama3_scaling")
-
-
-def layer_config(cfg, target_cfg):
-  """The drafter layers' shape: the target's, with `layer_shape` overrides (d_model stays)."""
-  overrides = dict(cfg.get("layer_shape", None) or {})
-  unknown = set(overrides) - set(LAYER_SHAPE_KEYS)
-  if unknown:
-    raise SpecjaxError(f"unknown layer_shape keys {sorted(unknown)}; known: "
-                       f"{list(LAYER_SHAPE_KEYS)}")
-  try:
-    return dataclasses.replace(target_cfg, num_layers=cfg.num_layers, **overrides)
-  except (TypeError, ValueError) as e:
-    raise SpecjaxError(f"bad layer_shape: {e}") from None
-
-
-def mask_token_id(cfg, vocab_size: int):
-  """The target token whose embedding fills mask slots, or None for a learned mask vector."""
-  token = int(cfg.get("mask_token_id", -1))
-  if token < 0:
-    return None
-  if token >= vocab_size:
-    raise SpecjaxError(f"mask_token_id={token} outside the target's vocabulary "
-                       f"(size {vocab_size})")
-  return token
-
-
-def build_model(cfg, target_cfg, rngs):
-  return DFlashModel(target_cfg, cfg.num_layers, len(feature_layers(cfg, target_cfg.num_layers)),
-                     rngs=rngs, layer_cfg=layer_config(cfg, target_cfg),
-                     mask_token_id=mask_token_id(cfg, target_cfg.vocab_size),
-                     output_multiplier=float(cfg.get("output_multiplier", 1.0)),
-                     logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
-                     embedding_scale=float(cfg.get("embedding_scale", 1.0)))
 
 
 def sample_anchors(rng, valid_BxT, count: int):
@@ -179,18 +131,3 @@ def train_dflash(cfg):
                    train_data=train_ds, eval_data=val, frozen=target.params,
                    summary={"num_params": int(n), "feature_layers": list(layers)})
   return train(cfg, task)
-
-
-def load_dflash(run_dir: str, target, block_size: int):
-  """(graphdef, params, feature layers) of a trained DFlash drafter, for a decode block size."""
-  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
-  cfg = run_dir_lib.load_config(folder)
-  if block_size < 2:
-    raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
-  if block_size > cfg.block_size:
-    print(f"[dflash] warning: decoding with block_size={block_size} > the trained "
-          f"{cfg.block_size}; positions past {cfg.block_size} were never trained", flush=True)
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
-                                                                    nnx.Rngs(0))), nnx.Param)
-  params = run_dir_lib.restore_params(folder, abstract)
-  return graphdef, params, feature_layers(cfg, target.model_cfg.num_layers)

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.drafters.mtp_parallel import ParallelHeads
-from specjax.drafters.mtp_sequential import SequentialModules, shift_left
+from specjax.drafters.mtp_sequential import shift_left
+from specjax.run_dir import HEAD_BUILDERS
 from specjax.errors import SpecjaxError
 from specjax.models.layers import causal_segment_mask
 from specjax.training.loop import TrainTask, train
@@ -39,10 +39,7 @@ def depth_weights(cfg) -> list[float]:
 
 
 def build_heads(variant: str, target_cfg, cfg, rngs):
-  if variant == "parallel":
-    return ParallelHeads(target_cfg.d_model, cfg.num_heads, layers_per_head=cfg.layers_per_head,
-                         param_dtype=target_cfg.weight_dtype, rngs=rngs)
-  return SequentialModules(target_cfg, cfg.num_heads, rngs=rngs)
+  return HEAD_BUILDERS[variant](cfg, target_cfg, rngs)
 
 
 def depth_logits(variant, heads, target, tokens, positions, segments, out):
@@ -127,19 +124,3 @@ def train_mtp(cfg):
                    train_data=train_ds, eval_data=val, frozen=frozen,
                    summary={"num_params": int(n)})
   return train(cfg, task)
-
-
-def load_heads(run_dir: str, variant: str, target):
-  """(heads graphdef, heads params, training config) of a trained MTP drafter."""
-  name = method_name(variant)
-  folder = run_dir_lib.require_model_dir(run_dir, name)
-  cfg = run_dir_lib.load_config(folder)
-  if not cfg.freeze_target:
-    raise SpecjaxError(
-        f"{folder} was trained jointly with the target (freeze_target=False): its target is "
-        f"not run_dir/target, so a lossless side-by-side with the AR baseline is impossible; "
-        f"retrain with --config.freeze_target=True")
-  graphdef, abstract = nnx.split(
-      nnx.eval_shape(lambda: build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))),
-      nnx.Param)
-  return graphdef, run_dir_lib.restore_params(folder, abstract), cfg
