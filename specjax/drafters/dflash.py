@@ -42,28 +42,38 @@ class DFlashLayer(Block):
   def context_kv(self, ctx_BxTxD, positions_BxT) -> LayerKV:
     return LayerKV(*self.attn.keys_values(ctx_BxTxD, positions_BxT))
 
-  def __call__(self, x_BxQxD, positions_BxQ, ctx: LayerKV, mask_BxQxC):
+  def __call__(self, x_BxQxD, positions_BxQ, ctx: LayerKV, mask_BxQxC, block_size=None):
     """mask covers keys [context ; block]: C = context length + Q."""
-    h = self.attn_norm(x_BxQxD)
-    q = self.attn.queries(h, positions_BxQ)
-    k, v = self.attn.keys_values(h, positions_BxQ)
-    k = jnp.concatenate([ctx.k_BxSxKxH.astype(k.dtype), k], axis=1)
-    v = jnp.concatenate([ctx.v_BxSxKxH.astype(v.dtype), v], axis=1)
-    x = x_BxQxD + self.attn.attend(q, k, v, mask_BxQxC)
+    def attend(h):
+      q = self.attn.queries(h, positions_BxQ)
+      k, v = self.attn.keys_values(h, positions_BxQ)
+      k = jnp.concatenate([ctx.k_BxSxKxH.astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([ctx.v_BxSxKxH.astype(v.dtype), v], axis=1)
+      return self.attn.attend(q, k, v, mask_BxQxC)
+    return self.sublayers(x_BxQxD, attend, block_size)
+
+  def sublayers(self, x_BxQxD, attend, block_size):
+    """x + attention, then + MLP; `attend` is attention on the normed input. The hook DFlash 2
+    wraps (block_size: the length of each block in x, which DFlash ignores)."""
+    x = x_BxQxD + attend(self.attn_norm(x_BxQxD))
     return x + self.mlp(self.mlp_norm(x))
 
   def decode(self, x_BxQxD, positions_BxQ, cache: LayerKV, num_keys):
     """The same layer at decode time: the block's K/V are written into the context cache in
     place, at the block's positions (slots the next commit overwrites with context K/V),
     and every block query sees the cache up to the block's last position."""
-    h = self.attn_norm(x_BxQxD)
-    q = self.attn.queries(h, positions_BxQ)
-    k, v = self.attn.keys_values(h, positions_BxQ)
-    start = positions_BxQ[:, 0]
-    cache = LayerKV(write_rows(cache.k_BxSxKxH, k, start), write_rows(cache.v_BxSxKxH, v, start))
-    limit = jnp.broadcast_to(positions_BxQ[:, -1:], positions_BxQ.shape)  # non-causal block
-    x = x_BxQxD + self.attn.attend_prefix(q, cache.k_BxSxKxH, cache.v_BxSxKxH, limit, num_keys)
-    return x + self.mlp(self.mlp_norm(x)), cache
+    written = []
+
+    def attend(h):
+      q = self.attn.queries(h, positions_BxQ)
+      k, v = self.attn.keys_values(h, positions_BxQ)
+      start = positions_BxQ[:, 0]
+      new = LayerKV(write_rows(cache.k_BxSxKxH, k, start), write_rows(cache.v_BxSxKxH, v, start))
+      written.append(new)
+      limit = jnp.broadcast_to(positions_BxQ[:, -1:], positions_BxQ.shape)  # non-causal block
+      return self.attn.attend_prefix(q, new.k_BxSxKxH, new.v_BxSxKxH, limit, num_keys)
+    x = self.sublayers(x_BxQxD, attend, x_BxQxD.shape[1])
+    return x, written[0]
 
 
 class DFlashModel(nnx.Module):
@@ -123,9 +133,10 @@ class DFlashModel(nnx.Module):
       logits = jnp.tanh(logits / self.logit_softcap) * self.logit_softcap
     return logits
 
-  def __call__(self, x_BxQxD, positions_BxQ, ctx_kv, mask_BxQxC):
+  def __call__(self, x_BxQxD, positions_BxQ, ctx_kv, mask_BxQxC, block_size=None):
+    """block_size: the length of each block in x (None: x is one block)."""
     for layer, kv in zip(self.layers, ctx_kv):
-      x_BxQxD = layer(x_BxQxD, positions_BxQ, kv, mask_BxQxC)
+      x_BxQxD = layer(x_BxQxD, positions_BxQ, kv, mask_BxQxC, block_size)
     return self.final_norm(x_BxQxD)
 
   def decode_block(self, x_BxQxD, positions_BxQ, caches):
@@ -175,12 +186,17 @@ class DFlashDrafter(Drafter):
 
   def propose(self, params, target, caches, ctx: Context, sampler, rng):
     model = nnx.merge(self.graphdef, params)
+    hidden, caches = self.draft_hidden(model, target, caches, ctx)
+    logits = model.draft_logits(target, hidden)
+    return propose_from_logits(logits, sampler, rng, self.proposal) + (caches,)
+
+  def draft_hidden(self, model, target, caches, ctx: Context):
+    """The drafter's final hidden states at the block's mask slots [B, K, D], and the caches."""
     bs = self.block_size
     x = model.block_inputs(target, ctx.pending_B[:, None], bs)
     positions = ctx.end_B[:, None] + jnp.arange(bs)[None, :]
     hidden, caches = model.decode_block(x, positions, caches)
-    logits = model.draft_logits(target, hidden[:, 1:])
-    return propose_from_logits(logits, sampler, rng, self.proposal) + (caches,)
+    return hidden[:, 1:], caches
 
   def commit(self, params, target, caches, verified: Verified):
     model = nnx.merge(self.graphdef, params)
