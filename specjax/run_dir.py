@@ -30,6 +30,7 @@ TRAIN_COMMANDS = {
     "mtp_sequential": "python train.py --config=configs/mtp_tiny.py --config.variant=sequential "
                       "--config.run_dir={run_dir}",
     "dflash": "python train.py --config=configs/dflash_tiny.py --config.run_dir={run_dir}",
+    "dflash2": "python train.py --config=configs/dflash2_tiny.py --config.run_dir={run_dir}",
 }
 
 
@@ -182,14 +183,22 @@ def load_mtp_heads(run_dir: str, variant: str, target):
   return graphdef, params, cfg
 
 
-def load_dflash(run_dir: str, target, block_size: int):
+def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
   """(graphdef, params, feature layers) of a trained or imported DFlash drafter, for a decode
   block size."""
   if block_size < 2:
     raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
+  build = dflash_lib.build_model
+  if method == "dflash2":
+    from specjax.drafters.dflash2 import build_model as build
   graphdef, params, cfg = load_module(
-      run_dir, "dflash", lambda cfg, rngs: dflash_lib.build_model(cfg, target.model_cfg, rngs))
+      run_dir, method, lambda cfg, rngs: build(cfg, target.model_cfg, rngs))
   if block_size > cfg.block_size:
-    print(f"[dflash] warning: decoding with block_size={block_size} > the trained "
+    print(f"[{method}] warning: decoding with block_size={block_size} > the trained "
           f"{cfg.block_size}; positions past {cfg.block_size} were never trained", flush=True)
   return graphdef, params, dflash_lib.feature_layers(cfg, target.model_cfg.num_layers)
+
+
+def load_dflash2(run_dir: str, target, block_size: int):
+  """(graphdef, params, feature layers) of a trained or imported DFlash 2 drafter."""
+  return load_dflash(run_dir, target, block_size, "dflash2")

@@ -8,66 +8,19 @@ import types
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 import torch
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.checkpoint import Checkpoints
 from specjax.errors import SpecjaxError
 from specjax.interop import zlab
 from specjax.interop.safetensors_io import open_tensors
-from specjax.models import Transformer, TransformerConfig
 
 dflash_model = pytest.importorskip("dflash.model")
 
-VOCAB, D, TARGET_LAYERS = 320, 32, 4
-IDS = [2, 0]  # z-lab target layer ids (out of order on purpose): specjax layers 3, 1
-
-
-def perturb_norms(module, seed):
-  """Random checkpoints have norm weights exactly 1; make every norm matter."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in module.named_parameters():
-      if "norm" in name:
-        p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
-
-
-def zlab_drafter(vocab=VOCAB, hidden=D, target_layers=TARGET_LAYERS, ids=IDS, mask=VOCAB - 1,
-                 block_size=4, seed=0, **extra):
-  from transformers import Qwen3Config
-  torch.manual_seed(seed)
-  config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=48,
-                       num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                       head_dim=16, rms_norm_eps=1e-5, rope_theta=5000.0,
-                       num_target_layers=target_layers, block_size=block_size,
-                       dflash_config={"target_layer_ids": ids, "mask_token_id": mask, **extra})
-  model = dflash_model.DFlashDraftModel(config).float().eval()
-  perturb_norms(model, seed)
-  return model
-
-
-def save_target_run(run_dir, tokenizer_json, num_layers=TARGET_LAYERS, seed=0):
-  """A run directory whose target is a random specjax model (norms perturbed)."""
-  shape = dict(num_layers=num_layers, d_model=D, num_heads=4, num_kv_heads=2, head_dim=8,
-               mlp_dim=64)
-  model = Transformer(TransformerConfig(vocab_size=VOCAB, **shape), rngs=nnx.Rngs(seed))
-  graphdef, params = nnx.split(model, nnx.Param)
-  params = jax.tree.map(lambda x: x * (1 + 0.3 * jax.random.normal(jax.random.key(seed),
-                                                                     x.shape)), params)
-  folder = os.path.join(run_dir, "target")
-  os.makedirs(folder)
-  shutil.copy(tokenizer_json, os.path.join(folder, "tokenizer.json"))
-  run_dir_lib.save_config(ml_collections.ConfigDict({"model": shape}),
-                          os.path.join(folder, "config.json"))
-  ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
-  ckpt.save(0, params, {"step": jnp.int32(0)}, {})
-  ckpt.wait()
-  ckpt.close()
-  return nnx.merge(graphdef, params)
+from zlab_models import IDS, TARGET_LAYERS, VOCAB, save_target_run, zlab_drafter  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +98,7 @@ def test_default_target_layer_ids():
 def test_import_errors_are_one_line(imported, tmp_path):
   _, src, run, _ = imported
   config = json.load(open(os.path.join(src, "config.json")))
-  for change, words in [({"architectures": ["DFlash2DraftModel"]}, "not supported yet"),
+  for change, words in [({"architectures": ["DFlash2DraftModel"]}, "conv_kernel_size"),
                         ({"num_target_layers": 6}, "num_target_layers"),
                         ({"hidden_size": 64}, "hidden_size")]:
     with pytest.raises(SpecjaxError, match=words):

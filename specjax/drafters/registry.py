@@ -53,15 +53,23 @@ def _dflash(cfg, target):
                        proposal=proposal(cfg)), params
 
 
+def _dflash2(cfg, target):
+  from specjax.drafters.dflash2 import DFlash2Drafter
+  graphdef, params, layers = run_dir_lib.load_dflash2(cfg.run_dir, target, cfg.block_size)
+  return DFlash2Drafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+                        proposal=proposal(cfg)), params
+
+
 BUILDERS: dict[str, Callable] = {
     "prompt_lookup": _prompt_lookup,
     "draft": _draft,
     "mtp_parallel": _mtp("parallel"),
     "mtp_sequential": _mtp("sequential"),
     "dflash": _dflash,
+    "dflash2": _dflash2,
 }
 METHODS = ("ar",) + tuple(BUILDERS)
-BLOCK_METHODS = ("dflash",)  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
+BLOCK_METHODS = ("dflash", "dflash2")  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
 
 
 def num_drafts(name: str, cfg) -> int:

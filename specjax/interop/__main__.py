@@ -3,7 +3,8 @@
   python -m specjax.interop import-hf HF_DIR RUN_DIR         # Llama / Qwen3 -> RUN_DIR/target
   python -m specjax.interop export-hf RUN_DIR OUT_DIR
   python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR  # z-lab drafter -> RUN_DIR/dflash
-  python -m specjax.interop export-dflash RUN_DIR OUT_DIR
+  python -m specjax.interop export-dflash RUN_DIR OUT_DIR    #   (DFlash 2 -> RUN_DIR/dflash2)
+  python -m specjax.interop export-dflash2 RUN_DIR OUT_DIR
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ COMMANDS = {
     "export-hf": ("specjax.interop.hf", "export_hf"),
     "import-dflash": ("specjax.interop.zlab", "import_dflash"),
     "export-dflash": ("specjax.interop.zlab", "export_dflash"),
+    "export-dflash2": ("specjax.interop.zlab", "export_dflash2"),
 }
 
 

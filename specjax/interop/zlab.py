@@ -2,12 +2,22 @@
 
   python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR   # needs RUN_DIR/target
   python -m specjax.interop export-dflash RUN_DIR OUT_DIR
+  python -m specjax.interop export-dflash2 RUN_DIR OUT_DIR
+
+import-dflash reads `architectures`: DFlashDraftModel -> run_dir/dflash/, DFlash2DraftModel
+-> run_dir/dflash2/.
 
 Their checkpoint: `config.json` (Qwen3 attention keys, `num_target_layers`, `block_size`,
 `dflash_config` {`target_layer_ids`, `mask_token_id`, optional `output_multiplier`,
 `final_logit_softcapping`, `input_embedding_scale`}) and safetensors `fc`, `hidden_norm`,
 `norm`, `layers.{i}.*` (a Qwen3 decoder layer). Their target layer id i is the output of
 decoder layer i, Hugging Face `hidden_states[i + 1]`: specjax feature layer i + 1.
+
+DFlash 2 (`DFlash2DraftModel`) adds `dflash_config` {`conv_kernel_size`, `conv_group_size`,
+`selector_rank`, `selector_top_k`} and tensors `layers.{i}.{attention_conv,mlp_conv}.
+{base_kernel, kernel_projection.weight}` and `candidate_selector.{hidden_projection.weight,
+predecessor_codebook, successor_codebook}` (codebooks without `.weight`, as their loader
+expects; `.weight` names are accepted on import).
 """
 
 from __future__ import annotations
@@ -44,7 +54,15 @@ _LAYER_TENSORS = {
 }
 
 
-def name_table(num_layers: int) -> dict[str, tuple[tuple, str]]:
+_CONV_TENSORS = {"base_kernel": (("base_kernel",), "copy"),
+                 "kernel_projection.weight": (("kernel_projection",), "linear")}
+_SELECTOR_TENSORS = {"hidden_projection.weight": (("hidden_projection",), "linear"),
+                     "predecessor_codebook": (("predecessor_codebook",), "copy"),
+                     "successor_codebook": (("successor_codebook",), "copy")}
+METHOD_ARCHITECTURE = {m: a for a, m in ARCHITECTURES.items()}
+
+
+def name_table(num_layers: int, method: str = "dflash") -> dict[str, tuple[tuple, str]]:
   """z-lab tensor name -> (specjax parameter path, transform)."""
   table = {"fc.weight": (("fc",), "linear"),
            "hidden_norm.weight": (("fc_norm", "scale"), "copy"),
@@ -52,7 +70,22 @@ def name_table(num_layers: int) -> dict[str, tuple[tuple, str]]:
   for i in range(num_layers):
     for name, (path, kind) in _LAYER_TENSORS.items():
       table[f"layers.{i}.{name}"] = (("layers", i) + path, kind)
+    if method == "dflash2":
+      for conv in ("attention_conv", "mlp_conv"):
+        for name, (path, kind) in _CONV_TENSORS.items():
+          table[f"layers.{i}.{conv}.{name}"] = (("layers", i, conv) + path, kind)
+  if method == "dflash2":
+    for name, (path, kind) in _SELECTOR_TENSORS.items():
+      table[f"candidate_selector.{name}"] = (("candidate_selector",) + path, kind)
   return table
+
+
+def _builder(method: str):
+  if method == "dflash2":
+    from specjax.drafters.dflash2 import build_model
+  else:
+    from specjax.drafters.dflash import build_model
+  return build_model
 
 
 def to_specjax(x: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -112,9 +145,7 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
   if arch not in ARCHITECTURES:
     raise SpecjaxError(f"architecture '{arch}' is not a z-lab drafter; known: "
                        f"{', '.join(ARCHITECTURES)}")
-  if ARCHITECTURES[arch] != "dflash":
-    raise SpecjaxError(f"{arch} (DFlash 2) drafters are not supported yet; only "
-                       "DFlashDraftModel imports")
+  method = ARCHITECTURES[arch]
   d, n_target = int(zlab["hidden_size"]), int(zlab.get("num_target_layers", -1))
   if d != target_cfg.d_model:
     raise SpecjaxError(f"drafter hidden_size {d} != the target's d_model {target_cfg.d_model}")
@@ -140,7 +171,7 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
   heads = int(zlab["num_attention_heads"])
   softcap = value("final_logit_softcapping")
   cfg = ml_collections.ConfigDict({
-      "method": "dflash",
+      "method": method,
       "num_layers": layers,
       "feature_layers": [int(i) + 1 for i in ids],
       "num_feature_layers": len(ids),
@@ -161,6 +192,18 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
       "imported_from": os.path.abspath(source),
       "zlab_config_json": json.dumps(zlab, sort_keys=True),  # export starts from it
   })
+  if method == "dflash2":
+    from specjax.drafters.dflash2 import SELECTOR_KEYS
+    for key in SELECTOR_KEYS:
+      if value(key) is None:
+        raise SpecjaxError(f"DFlash 2 drafter config has no dflash_config.{key}")
+      cfg[key] = int(value(key))
+    if d % cfg.conv_group_size:
+      raise SpecjaxError(f"hidden_size {d} is not a multiple of conv_group_size "
+                         f"{cfg.conv_group_size}")
+    if not 1 <= cfg.selector_top_k <= target_cfg.vocab_size:
+      raise SpecjaxError(f"selector_top_k {cfg.selector_top_k} outside 1..the target's "
+                         f"vocabulary ({target_cfg.vocab_size})")
   return cfg
 
 
@@ -169,22 +212,26 @@ def _flat(state) -> dict:
 
 
 def import_dflash(src: str, run_dir: str):
-  """A z-lab DFlash checkpoint -> run_dir/dflash/ (config.json + an Orbax checkpoint)."""
-  from specjax.drafters.dflash import build_model
+  """A z-lab DFlash (2) checkpoint -> run_dir/dflash/ or run_dir/dflash2/ (config.json + an
+  Orbax checkpoint)."""
   zlab = _read_json(os.path.join(src, "config.json"))
   target_cfg = _target_cfg(run_dir)
   cfg = drafter_config(zlab, target_cfg, src)
+  build_model = _builder(cfg.method)
   _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
                           nnx.Param)
   slots = _flat(abstract)
-  table = name_table(cfg.num_layers)
+  table = name_table(cfg.num_layers, cfg.method)
   values, dtypes = {}, set()
   with open_tensors(src) as reader:
+    for name in reader.names():  # codebooks saved by torch's save_pretrained
+      if name.endswith("_codebook.weight") and name[:-len(".weight")] in table:
+        table[name] = table.pop(name[:-len(".weight")])
     extra = sorted(set(reader.names()) - set(table))
     missing = sorted(set(table) - set(reader.names()))
     if extra or missing:
       raise SpecjaxError(f"{src}: tensors {missing[:3]} missing, {extra[:3]} unexpected for a "
-                         f"{cfg.num_layers}-layer DFlash drafter")
+                         f"{cfg.num_layers}-layer {cfg.method} drafter")
     for name, (path, kind) in table.items():
       shape = tuple(slots[path].get_value().shape)
       x = reader.read(name)
@@ -196,7 +243,7 @@ def import_dflash(src: str, run_dir: str):
   cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
   params = nnx.from_flat_state([(path, var.replace(values[tuple(path)]))
                                 for path, var in nnx.to_flat_state(abstract)])
-  folder = run_dir_lib.model_dir(run_dir, "dflash")
+  folder = run_dir_lib.model_dir(run_dir, cfg.method)
   os.makedirs(folder, exist_ok=True)
   run_dir_lib.save_config(cfg, os.path.join(folder, "config.json"))
   ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
@@ -210,7 +257,7 @@ def import_dflash(src: str, run_dir: str):
         f"{cfg.mask_token_id}", flush=True)
 
 
-def export_config(cfg, target_cfg) -> dict:
+def export_config(cfg, target_cfg, method: str = "dflash") -> dict:
   """Their config.json for a specjax drafter (an imported one keeps its other keys)."""
   from specjax.drafters.dflash import feature_layers, layer_config
   layer = layer_config(cfg, target_cfg)
@@ -223,8 +270,13 @@ def export_config(cfg, target_cfg) -> dict:
   base = json.loads(cfg.get("zlab_config_json", None) or "{}")
   extra = dict(base.get("dflash_config") or {})
   extra.update(target_layer_ids=[l - 1 for l in layers], mask_token_id=int(cfg.mask_token_id))
-  if "block_size" in extra:
+  if "block_size" in extra or method == "dflash2":
     extra["block_size"] = int(cfg.block_size)
+  if method == "dflash2":
+    from specjax.drafters.dflash2 import SELECTOR_KEYS
+    extra.update({k: int(cfg.get(k, v)) for k, v in SELECTOR_KEYS.items()})
+    extra["output_multiplier"] = float(cfg.get("output_multiplier", 1.0))
+    extra["final_logit_softcapping"] = float(cfg.get("final_logit_softcapping", 0.0))
   for key, value, off in (("output_multiplier", cfg.get("output_multiplier", 1.0), 1.0),
                           ("final_logit_softcapping", cfg.get("final_logit_softcapping", 0.0),
                            0.0),
@@ -233,7 +285,7 @@ def export_config(cfg, target_cfg) -> dict:
       extra[key] = float(value)
   base.pop("rope_scaling", None)
   base.update({
-      "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+      "architectures": [METHOD_ARCHITECTURE[method]], "model_type": "qwen3",
       "hidden_size": layer.d_model, "num_hidden_layers": layer.num_layers,
       "num_attention_heads": layer.num_heads, "num_key_value_heads": layer.num_kv_heads,
       "head_dim": layer.head_dim, "intermediate_size": layer.mlp_dim,
@@ -248,21 +300,21 @@ def export_config(cfg, target_cfg) -> dict:
   return base
 
 
-def export_dflash(run_dir: str, out_dir: str):
-  """run_dir/dflash/ -> a z-lab checkpoint (config.json + model.safetensors) in out_dir."""
-  from specjax.drafters.dflash import build_model
-  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
+def export_dflash(run_dir: str, out_dir: str, method: str = "dflash"):
+  """run_dir/<method>/ -> a z-lab checkpoint (config.json + model.safetensors) in out_dir."""
+  build_model = _builder(method)
+  folder = run_dir_lib.require_model_dir(run_dir, method)
   cfg = run_dir_lib.load_config(folder)
   if int(cfg.get("mask_token_id", -1)) < 0:
     raise SpecjaxError("this DFlash drafter uses a learned mask vector, which z-lab's format "
                        "cannot hold; train it with --config.mask_token_id=<a token id>")
   target_cfg = _target_cfg(run_dir)
-  config = export_config(cfg, target_cfg)
+  config = export_config(cfg, target_cfg, method)
   _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
                           nnx.Param)
   params = _flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
-  table = name_table(cfg.num_layers)
+  table = name_table(cfg.num_layers, method)
 
   def tensor(name):
     path, kind = table[name]
@@ -279,5 +331,10 @@ def export_dflash(run_dir: str, out_dir: str):
       dtype.name, "float32")
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
-  print(f"[export-dflash] {folder} -> {out_dir}: {len(specs)} tensors ({dtype.name})",
+  print(f"[export-{method}] {folder} -> {out_dir}: {len(specs)} tensors ({dtype.name})",
         flush=True)
+
+
+def export_dflash2(run_dir: str, out_dir: str):
+  """run_dir/dflash2/ -> a z-lab DFlash2DraftModel checkpoint in out_dir."""
+  export_dflash(run_dir, out_dir, "dflash2")
