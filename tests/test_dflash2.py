@@ -226,3 +226,34 @@ def test_import_then_export_is_exact(imported, tmp_path):
   ours, theirs = reloaded.state_dict(), model.state_dict()
   for name, x in theirs.items():
     assert torch.equal(ours[name], x), name
+
+
+# ---- training on the template corpus ----
+
+@pytest.fixture(scope="module")
+def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  import shutil
+
+  from conftest import tiny_train_config
+  from specjax.training import registry
+  run = tmp_path_factory.mktemp("dflash2_run")
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  cfg = tiny_train_config("dflash2_tiny.py", run, template_corpus_dir, tfds_dir,
+                          num_steps=80, log_every=20, eval_every=80, save_every=80,
+                          learning_rate=3e-3, block_size=4, num_anchors=8, selector_rank=16)
+  cfg.regen.update(dict(num_sequences=96, num_validation=16, prompt_len=8, new_tokens=24,
+                        batch_size=32))
+  registry.train(cfg)
+  return str(run)
+
+
+def test_training_lowers_selector_loss_and_raises_block_acceptance(trained):
+  with open(os.path.join(trained, "dflash2", "metrics.jsonl")) as f:
+    rows = [json.loads(l) for l in f if '"val_loss"' in l]
+  first, last = rows[0], rows[-1]
+  print({k: (round(first[k], 3), round(last[k], 3)) for k in first if k.startswith("val_")})
+  assert first["step"] == 0 and last["step"] == 80
+  assert last["val_selector_loss"] < first["val_selector_loss"] - 0.5
+  assert last["val_kl"] < first["val_kl"]
+  assert last["val_block_tau"] > first["val_block_tau"] + 0.5
+  assert last["val_topk"] >= last["val_top1"]

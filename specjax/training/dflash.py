@@ -100,7 +100,9 @@ def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
   return loss_fn
 
 
-def train_dflash(cfg):
+def train_dflash(cfg, build=build_model, make_loss=dflash_loss):
+  """build(cfg, target_cfg, rngs) and make_loss(model graphdef, target graphdef, cfg, layers):
+  DFlash's own by default (DFlash 2 passes its model and loss)."""
   if cfg.block_size < 2:
     raise SpecjaxError(f"block_size must be >= 2, got {cfg.block_size}")
   if cfg.num_anchors > cfg.seq_len:
@@ -110,8 +112,8 @@ def train_dflash(cfg):
   layers = feature_layers(cfg, target.model_cfg.num_layers)
   run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, cfg.method),
                                             "config.json"))
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
-                                                             nnx.Rngs(0))), nnx.Param)
+  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(cfg, target.model_cfg, nnx.Rngs(0))),
+                          nnx.Param)
   if cfg.label_source == "target":
     train_ds, val = regenerate.regenerated_data(cfg, target, tok)
   elif cfg.label_source == "data":
@@ -120,14 +122,14 @@ def train_dflash(cfg):
     raise SpecjaxError(f"label_source must be 'data' or 'target', got '{cfg.label_source}'")
 
   def init_params(rng):
-    return nnx.state(build_model(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
+    return nnx.state(build(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
 
   n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
   print(f"[{cfg.method}] {n / 1e6:.2f}M parameters, {cfg.num_layers} layers, target features "
         f"from layers {layers}, block {cfg.block_size}, gamma {cfg.gamma}, labels from "
         f"{cfg.label_source}", flush=True)
   task = TrainTask(name=cfg.method, init_params=init_params,
-                   loss_fn=dflash_loss(graphdef, target.graphdef, cfg, layers),
+                   loss_fn=make_loss(graphdef, target.graphdef, cfg, layers),
                    train_data=train_ds, eval_data=val, frozen=target.params,
                    summary={"num_params": int(n), "feature_layers": list(layers)})
   return train(cfg, task)
