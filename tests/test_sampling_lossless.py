@@ -17,6 +17,7 @@ import broken_verifiers
 from decoding_helpers import run_ar, run_spec, tiny_model
 from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
+from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
 from specjax.drafters.draft_model import DraftModelDrafter
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
@@ -70,7 +71,7 @@ def perturbed(params, seed, scale):
 
 SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
 WITH_TOP_K_TOP_P = ("draft_model", "target_itself", "mtp_sequential", "dflash_sample",
-                    "prompt_lookup")
+                    "dflash2", "prompt_lookup")
 
 
 def drafters(target):
@@ -85,6 +86,9 @@ def drafters(target):
   sg, sp = nnx.split(SequentialModules(cfg, K, rngs=nnx.Rngs(5)), nnx.Param)
   fg, fp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6)), nnx.Param)
   mg, mp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6), mask_token_id=V - 1), nnx.Param)
+  # DFlash 2: q is the selector's distribution over its top-3 candidates (0 elsewhere)
+  tg, tp = nnx.split(DFlash2Model(cfg, 1, 2, rngs=nnx.Rngs(8), mask_token_id=V - 1,
+                                  selector_rank=4, selector_top_k=3), nnx.Param)
   return {
       "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
       "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
@@ -100,6 +104,8 @@ def drafters(target):
                                       proposal="argmax"), fp),
       "dflash_sample": (DFlashDrafter(K, graphdef=mg, target_feature_layers=(1, 2),
                                       proposal="sample"), mp),  # mask = a token's embedding
+      "dflash2": (DFlash2Drafter(K, graphdef=tg, target_feature_layers=(1, 2)),
+                  perturbed(tp, 9, 0.3)),
   }
 
 
@@ -129,9 +135,11 @@ def test_speculative_sampling_matches_exact_distribution(target, sampler):
       continue  # the processed-p path is the same for every drafter: a few check it
     worst, result = worst_tv(target, drafter, dp, sampler, exact)
     assert worst < TOL, (name, worst)
+    counts = np.asarray(result.accept_counts)
     if name == "target_itself":  # every step accepted both drafts and emitted a bonus
-      counts = np.asarray(result.accept_counts)
       assert counts[:K].sum() == 0 and counts[K] > 0
+    if name == "dflash2":  # steps that accept every draft (the bonus token) are covered
+      assert counts[K] > 0, counts
 
 
 @pytest.mark.parametrize("broken, drafter_name", [
