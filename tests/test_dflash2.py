@@ -102,9 +102,12 @@ def test_conv_stays_inside_each_block(setup):
   block_id = jnp.repeat(jnp.arange(3), bs)
   own = (block_id[:, None] == block_id[None, :])[None]
   mask = jnp.concatenate([jnp.ones((b, 3 * bs, t), bool), own], -1)
-  together = model(x, pos, ctx_kv, mask, block_size=bs)
+  run = nnx.jit(lambda m, x, pos, mask, block: m(x, pos, ctx_kv, mask, block_size=block),
+                static_argnums=4)
+  together = run(model, x, pos, mask, bs)
   for j in range(3):
-    alone = model(x[:, j * bs:(j + 1) * bs], pos[:, :bs], ctx_kv, jnp.ones((b, bs, t + bs), bool))
+    alone = run(model, x[:, j * bs:(j + 1) * bs], pos[:, :bs], jnp.ones((b, bs, t + bs), bool),
+                None)
     np.testing.assert_allclose(np.asarray(together[:, j * bs:(j + 1) * bs]), np.asarray(alone),
                                atol=1e-5)
 
@@ -257,3 +260,18 @@ def test_training_lowers_selector_loss_and_raises_block_acceptance(trained):
   assert last["val_kl"] < first["val_kl"]
   assert last["val_block_tau"] > first["val_block_tau"] + 0.5
   assert last["val_topk"] >= last["val_top1"]
+
+
+def test_trained_dflash2_through_the_harness(trained, tmp_path):
+  from specjax import evaluate
+  from test_decode import decode_config
+  prompts = tmp_path / "template_prompts.jsonl"  # in-distribution for the tiny target
+  prompts.write_text("".join(
+      json.dumps({"prompt": f"def {n}_{a}{b}(x):\n    return x * {a} + {b}\n\ndef {m}_"}) + "\n"
+      for n, m, a, b in [("alpha", "beta", 1, 2), ("omega", "sigma", 5, 6)]))
+  cfg = decode_config(trained, tmp_path, methods="dflash2", block_size=4, prompts=str(prompts),
+                      max_new_tokens=24)
+  report = evaluate.evaluate(cfg)["methods"]["dflash2"]
+  assert report["lossless_check"] is True and report["block_size"] == 4
+  print(f"dflash2 through the harness: tau {report['tau']:.2f}")
+  assert report["tau"] > 1.5
