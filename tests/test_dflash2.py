@@ -153,7 +153,7 @@ def both_passes(imported):
 
   hidden_states = [torch.tensor(np.asarray(f)) for f in out.features]
   embedding = torch.tensor(np.asarray(target.embedding[...]))
-  block_ids = torch.cat([torch.from_numpy(np.asarray(pending)),
+  block_ids = torch.cat([torch.from_numpy(np.array(pending)),
                          torch.full((2, bs - 1), model.mask_token_id)], dim=1)
   head = lambda h: h @ embedding.T  # noqa: E731
   with torch.no_grad():
@@ -175,7 +175,7 @@ def test_hidden_logits_and_paths_equal_reference(imported):
   sel = drafter.candidate_selector
   tokens, cand, _, _ = sel.select(hidden, logits, pending, Sampler(), jax.random.key(0))
   with torch.no_grad():
-    ref_path, ref_cand, _ = model.propose(ref_hidden, torch.from_numpy(np.asarray(pending)),
+    ref_path, ref_cand, _ = model.propose(ref_hidden, torch.from_numpy(np.array(pending)),
                                           head, 0.0)
   assert np.array_equal(np.sort(np.asarray(cand), -1), np.sort(ref_cand.numpy(), -1))
   assert np.array_equal(np.asarray(tokens), ref_path.numpy()), (tokens, ref_path)
@@ -189,7 +189,7 @@ def test_q_over_candidates_equals_reference(imported):
   sel, sampler = drafter.candidate_selector, Sampler(temperature)
   torch.manual_seed(0)
   with torch.no_grad():
-    ref_path, ref_cand, ref_q = model.propose(ref_hidden, torch.from_numpy(np.asarray(pending)),
+    ref_path, ref_cand, ref_q = model.propose(ref_hidden, torch.from_numpy(np.array(pending)),
                                               head, temperature)
   path = jnp.asarray(ref_path.numpy())
   unary, cand = sel.candidates(logits)
