@@ -172,15 +172,14 @@ HEAD_BUILDERS = {"parallel": heads_from_config, "sequential": modules_from_confi
 
 def load_mtp_heads(run_dir: str, variant: str, target):
   """(heads graphdef, heads params, training config) of a trained MTP drafter."""
-  graphdef, params, cfg = load_module(
-      run_dir, f"mtp_{variant}",
-      lambda cfg, rngs: HEAD_BUILDERS[variant](cfg, target.model_cfg, rngs))
-  if not cfg.freeze_target:
+  folder = require_model_dir(run_dir, f"mtp_{variant}")
+  if not load_config(folder).freeze_target:
     raise SpecjaxError(
-        f"{model_dir(run_dir, f'mtp_{variant}')} was trained jointly with the target "
-        "(freeze_target=False): its target is not run_dir/target, so a lossless side-by-side "
-        "with the AR baseline is impossible; retrain with --config.freeze_target=True")
-  return graphdef, params, cfg
+        f"{folder} was trained jointly with the target (freeze_target=False): its target is "
+        "not run_dir/target, so a lossless side-by-side with the AR baseline is impossible; "
+        "retrain with --config.freeze_target=True")
+  return load_module(run_dir, f"mtp_{variant}",
+                     lambda cfg, rngs: HEAD_BUILDERS[variant](cfg, target.model_cfg, rngs))
 
 
 def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
