@@ -27,6 +27,7 @@ TRAIN_COMMANDS = {
     "mtp_sequential": "python train.py --config=configs/mtp_tiny.py --config.variant=sequential "
                       "--config.run_dir={run_dir}",
     "dflash": "python train.py --config=configs/dflash_tiny.py --config.run_dir={run_dir}",
+    "dspark": "python train.py --config=configs/dspark_tiny.py --config.run_dir={run_dir}",
 }
 
 

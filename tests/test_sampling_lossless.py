@@ -19,6 +19,7 @@ from specjax.decoding import speculative
 from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.dspark import DSparkDrafter, DSparkModel
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
@@ -83,6 +84,10 @@ def drafters(target):
   hg, hp = nnx.split(ParallelHeads(cfg.d_model, K, rngs=nnx.Rngs(4)), nnx.Param)
   sg, sp = nnx.split(SequentialModules(cfg, K, rngs=nnx.Rngs(5)), nnx.Param)
   fg, fp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6)), nnx.Param)
+  # DSpark: Markov walk with a non-zero transition (q_j depends on draft j-1) and confidences
+  # that vary, so the threshold schedule verifies 0, 1 or 2 drafts
+  kg, kp = nnx.split(DSparkModel(cfg, 1, 2, 4, rngs=nnx.Rngs(8)), nnx.Param)
+  kp = perturbed(kp, 9, 0.5)
   return {
       "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
       "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
@@ -92,6 +97,9 @@ def drafters(target):
       "mtp_sequential": (MTPSequentialDrafter(K, graphdef=sg, target_layers=cfg.num_layers),
                          sp),
       "dflash": (DFlashDrafter(K, graphdef=fg, target_feature_layers=(1, 2)), fp),
+      "dspark": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2)), kp),
+      "dspark_threshold": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2),
+                                         schedule="threshold", threshold=0.35), kp),
   }
 
 
@@ -119,9 +127,14 @@ def test_speculative_sampling_matches_exact_distribution(target, sampler):
   for name, (drafter, dp) in drafters(target).items():
     worst, result = worst_tv(target, drafter, dp, sampler, exact)
     assert worst < TOL, (name, worst)
+    counts = np.asarray(result.accept_counts)
     if name == "target_itself":  # every step accepted both drafts and emitted a bonus
-      counts = np.asarray(result.accept_counts)
       assert counts[:K].sum() == 0 and counts[K] > 0
+    if name == "dspark":  # steps that accepted the whole Markov walk emitted the bonus
+      assert counts[K] > 0, counts
+    if name == "dspark_threshold":  # budgets below K were used: their bonus is checked too
+      budgets = np.asarray(result.budget_counts)
+      assert budgets[:K].sum() > 0 and budgets[K] > 0, budgets
 
 
 @pytest.mark.parametrize("broken, drafter_name", [
