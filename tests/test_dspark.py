@@ -167,3 +167,57 @@ def test_walk_equals_stepwise_reference(setup):
         assert (np.asarray(q[:, j])[np.arange(3), np.asarray(drafts[:, j])] > 0).all()
       prev = np.asarray(drafts[:, j])
     assert conf.shape == (3, K) and ((conf > 0) & (conf < 1)).all()
+
+
+def train_variant(tiny_run, corpus, tfds_dir, root, markov_rank):
+  run = root / f"rank{markov_rank}"
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  cfg = tiny_train_config("dspark_tiny.py", run, corpus, tfds_dir, num_steps=100,
+                          log_every=50, eval_every=50, save_every=100, learning_rate=3e-3,
+                          block_size=6, gamma=4.0, num_anchors=8, markov_rank=markov_rank)
+  cfg.regen.update(dict(num_sequences=128, num_validation=16, prompt_len=8, new_tokens=24,
+                        batch_size=32))
+  registry.train(cfg)
+  with open(os.path.join(run, "dspark", "metrics.jsonl")) as f:
+    return str(run), [json.loads(l) for l in f if '"val_loss"' in l]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  """The same backbone, steps and data with and without the Markov head."""
+  root = tmp_path_factory.mktemp("dspark_runs")
+  return {r: train_variant(tiny_run, template_corpus_dir, tfds_dir, root, r) for r in (16, 0)}
+
+
+def test_training_lowers_loss_and_calibration_error(trained):
+  run, rows = trained[16]
+  first, last = rows[0], rows[-1]
+  assert first["step"] == 0 and last["step"] == 100
+  assert last["val_loss"] < first["val_loss"] - 0.5
+  # |c_j - (1 - TV_j)| on held-out blocks, and the survival's ECE before/after calibration
+  assert last["val_confidence_error"] < 0.5 * first["val_confidence_error"]
+  with open(os.path.join(run, "dspark", "calibration.json")) as f:
+    cal = json.load(f)
+  assert len(cal["temperatures"]) == 6 and cal["ece_after"] <= cal["ece_before"] + 1e-6
+
+
+def test_markov_head_raises_late_position_acceptance(trained):
+  with_markov, without = trained[16][1][-1], trained[0][1][-1]
+  assert with_markov["val_accept_late"] > without["val_accept_late"] + 0.02
+  assert with_markov["val_acc_late"] > without["val_acc_late"]
+
+
+def test_trained_dspark_through_the_harness(trained, tmp_path):
+  from specjax import evaluate
+  from test_decode import decode_config
+  run = trained[16][0]
+  prompts = tmp_path / "template_prompts.jsonl"
+  prompts.write_text("".join(
+      json.dumps({"prompt": f"def {n}_{a}{b}(x):\n    return x * {a} + {b}\n\ndef {m}_"}) + "\n"
+      for n, m, a, b in [("alpha", "beta", 1, 2), ("gamma", "delta", 3, 4)]))
+  cfg = decode_config(run, tmp_path, methods="dspark", block_size=6, prompts=str(prompts),
+                      max_new_tokens=16, schedule="load_aware", measure_costs=False)
+  report = evaluate.evaluate(cfg)["methods"]["dspark"]
+  assert report["lossless_check"] is True and report["schedule"] == "load_aware"
+  assert len(report["mean_confidence_per_position"]) == 5
+  assert sum(report["budget_histogram"]) > 0 and len(report["verify_width_seconds"]) >= 3

@@ -52,9 +52,10 @@ def block_outputs(model, target, target_out, batch, anchors, real, bs: int):
   x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
   block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
       b, -1)
-  hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs)).reshape(b, a, bs, -1)
+  hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs))
   e = model.previous_embedding(prev)
-  logits = target.logits(hidden) + model.markov_logits(e)
+  logits = target.logits(hidden).reshape(b, a, bs, -1) + model.markov_logits(e)
+  hidden = hidden.reshape(b, a, bs, -1)
   idx = jnp.minimum(anchors[..., None] + jnp.arange(bs), t - 1).reshape(b, -1)
   p_target = jax.nn.softmax(jnp.take_along_axis(target_out.logits_BxTxV, idx[..., None], axis=1
                                                 ).reshape(b, a, bs, -1), axis=-1)
@@ -98,6 +99,8 @@ def dspark_loss(model_graphdef, target_graphdef, cfg, layers):
                   "accept_late": (accept[..., late:] * late_v).sum() / jnp.maximum(
                       late_v.sum(), 1),
                   "acc_late": correct[..., late:].sum() / jnp.maximum(late_v.sum(), 1),
+                  "confidence_error": (jnp.abs(conf - accept) * v).sum() / jnp.maximum(
+                      v.sum(), 1),
                   "survival_error": (surv_err * v).sum() / jnp.maximum(v.sum(), 1),
                   "weight": v.sum()}
 
