@@ -28,6 +28,8 @@ def get_config():
   # argmax, verified as a one-hot q. Both are lossless.
   c.proposal = "sample"
   c.lookup_max_ngram = 3
+  c.schedule = "fixed"  # DSpark verify budget: fixed | threshold | load_aware
+  c.schedule_threshold = 0.5  # threshold schedule: verify drafts whose survival stays >= this
   c.cache_len = 512  # positions per row: prompt + max_new_tokens + K + 1 must fit
   c.seed = 0
   c.timing_repeats = 2  # timed passes over all prompts per method; the fastest is reported

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/tiny}
-METHODS=ar,prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash
+METHODS=ar,prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash,dspark
 
 python train.py --config=configs/target_tiny.py --config.run_dir="$RUN"
 python train.py --config=configs/draft_tiny.py --config.run_dir="$RUN"
@@ -13,6 +13,7 @@ python train.py --config=configs/mtp_tiny.py --config.run_dir="$RUN" --config.va
 python train.py --config=configs/mtp_tiny.py --config.run_dir="$RUN" --config.variant=sequential \
     --config.num_steps=120
 python train.py --config=configs/dflash_tiny.py --config.run_dir="$RUN"
+python train.py --config=configs/dspark_tiny.py --config.run_dir="$RUN"
 
 python decode.py --config.run_dir="$RUN" --config.methods="$METHODS" --config.temperature=1.0
 python decode.py --config.run_dir="$RUN" --config.methods="$METHODS" --config.temperature=0.0

@@ -173,6 +173,7 @@ class Harness:
     }
     if method in registry.BLOCK_METHODS:
       entry["block_size"] = cfg.block_size
+    entry.update(budget_metrics(results, drafter))
     if cfg.measure_costs:
       entry.update(step_costs(cfg, target, drafter, dparams, sampler, self.lens, k))
       entry["speedup_predicted"] = accounting.predicted_speedup(
@@ -204,6 +205,37 @@ def evaluate(cfg) -> dict:
     entry["speedup_vs_ar"] = entry["tokens_per_second"] / ar_tps
     entry["config"] = json.loads(cfg.to_json_best_effort())
   return {"methods": report}
+
+
+def budget_metrics(results, drafter) -> dict:
+  """For drafters that budget verification (DSpark): a_k from the drafts actually verified,
+  the per-row budget and verify-width histograms, mean confidence and survival per position,
+  and the measured cost of each compiled verify width."""
+  if drafter is None or results[0].budget_counts is None:
+    return {}
+  reached, accepted = np.sum([np.asarray(r.position_counts) for r in results], axis=0)
+  acceptance = [float(a / n) if n else float("nan") for a, n in zip(accepted, reached)]
+  budgets = np.sum([np.asarray(r.budget_counts) for r in results], axis=0)
+  widths = np.sum([np.asarray(r.width_counts) for r in results], axis=0)
+  stats = {k: np.sum([np.asarray(r.draft_stats[k]) for r in results], axis=0)
+           for k in results[0].draft_stats}
+  rows = max(float(stats.pop("rows", 1.0)), 1.0)
+  finite = [a if not math.isnan(a) else 0.0 for a in acceptance]
+  out = {
+      "acceptance_per_position": acceptance,
+      "prefix_acceptance": accounting.prefix_products(finite),
+      "tau_predicted_full_block": accounting.expected_tokens(finite),
+      "budget_histogram": [int(c) for c in budgets],
+      "mean_budget": float((budgets * np.arange(len(budgets))).sum() / max(budgets.sum(), 1)),
+      "verify_width_histogram": [int(c) for c in widths],
+      "mean_verify_width": float((widths * np.arange(len(widths))).sum() / max(widths.sum(), 1)),
+      "schedule": getattr(drafter, "schedule", None),
+      **{f"mean_{k}_per_position": [float(x) for x in v / rows] for k, v in stats.items()},
+  }
+  if getattr(drafter, "width_seconds", ()):
+    out["verify_width_seconds"] = dict(zip(map(str, drafter.compiled_widths),
+                                           drafter.width_seconds))
+  return out
 
 
 def step_costs(cfg, target, drafter, dparams, sampler, lens, k) -> dict:

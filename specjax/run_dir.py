@@ -31,6 +31,7 @@ TRAIN_COMMANDS = {
                       "--config.run_dir={run_dir}",
     "dflash": "python train.py --config=configs/dflash_tiny.py --config.run_dir={run_dir}",
     "dflash2": "python train.py --config=configs/dflash2_tiny.py --config.run_dir={run_dir}",
+    "dspark": "python train.py --config=configs/dspark_tiny.py --config.run_dir={run_dir}",
 }
 
 

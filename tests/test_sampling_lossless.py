@@ -19,6 +19,7 @@ from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
 from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.dspark import DSparkDrafter, DSparkModel
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
@@ -89,6 +90,10 @@ def drafters(target):
   # DFlash 2: q is the selector's distribution over its top-3 candidates (0 elsewhere)
   tg, tp = nnx.split(DFlash2Model(cfg, 1, 2, rngs=nnx.Rngs(8), mask_token_id=V - 1,
                                   selector_rank=4, selector_top_k=3), nnx.Param)
+  # DSpark: Markov walk with a non-zero transition (q_j depends on draft j-1) and confidences
+  # that vary, so the threshold schedule verifies 0, 1 or 2 drafts
+  kg, kp = nnx.split(DSparkModel(cfg, 1, 2, 4, rngs=nnx.Rngs(8)), nnx.Param)
+  kp = perturbed(kp, 9, 0.5)
   return {
       "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
       "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
@@ -106,6 +111,9 @@ def drafters(target):
                                       proposal="sample"), mp),  # mask = a token's embedding
       "dflash2": (DFlash2Drafter(K, graphdef=tg, target_feature_layers=(1, 2)),
                   perturbed(tp, 9, 0.3)),
+      "dspark": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2)), kp),
+      "dspark_threshold": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2),
+                                         schedule="threshold", threshold=0.35), kp),
   }
 
 
@@ -140,6 +148,11 @@ def test_speculative_sampling_matches_exact_distribution(target, sampler):
       assert counts[:K].sum() == 0 and counts[K] > 0
     if name == "dflash2":  # steps that accept every draft (the bonus token) are covered
       assert counts[K] > 0, counts
+    if name == "dspark":  # steps that accepted the whole Markov walk emitted the bonus
+      assert counts[K] > 0, counts
+    if name == "dspark_threshold":  # budgets below K were used: their bonus is checked too
+      budgets = np.asarray(result.budget_counts)
+      assert budgets[:K].sum() > 0 and budgets[K] > 0, budgets
 
 
 @pytest.mark.parametrize("broken, drafter_name", [

@@ -21,6 +21,12 @@ class DecodeResult:
   verify_steps_B: jax.Array  # target passes after the prefill in which the row was active
   accept_counts: jax.Array  # [K+1]: how many (row, step) pairs accepted m = 0..K drafts
   cache: object = None  # the final target KV cache, when the decoder has keep_cache=True
+  # [2, K]: (row, step) pairs that verified draft k, and that accepted it (budgets make this
+  # differ from what accept_counts implies); set by the speculative loop
+  position_counts: jax.Array | None = None
+  budget_counts: jax.Array | None = None  # [K+1] histogram of per-row budgets (budgeted drafters)
+  width_counts: jax.Array | None = None  # [K+1] histogram of the verify width per step
+  draft_stats: dict | None = None  # sums of the drafter's step_statistics
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 16):

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax.decoding.common import DecodeLoop, DecodeResult, LoopState, commit_tokens
+from specjax.decoding.schedule import verify_at_width
 from specjax.decoding.verify import verify_greedy, verify_sampling
 from specjax.drafters.base import Context, Drafter, Prefill, Verified
 from specjax.models import write_rows
@@ -27,6 +28,10 @@ class SpecState(LoopState):
   draft_state: object = None
   seq_BxS: jax.Array = None  # committed tokens by position: prompt, then generated
   accept_counts: jax.Array = None  # [K+1]
+  position_counts: jax.Array = None  # [2, K]: drafts verified / accepted per position
+  budget_counts: jax.Array = None  # [K+1]: per-row budgets (budgeted drafters)
+  width_counts: jax.Array = None  # [K+1]: verify width per step
+  draft_stats: dict = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +59,12 @@ class SpeculativeDecoder(DecodeLoop):
     state = SpecState(cache=cache, pending_B=first_B, out_BxN=out, count_B=count, done_B=done,
                       rng=rng, target_calls=jnp.int32(1), steps_B=jnp.zeros_like(count),
                       draft_state=draft_state, seq_BxS=seq,
-                      accept_counts=jnp.zeros((k + 1,), jnp.int32))
+                      accept_counts=jnp.zeros((k + 1,), jnp.int32),
+                      position_counts=jnp.zeros((2, k), jnp.int32),
+                      budget_counts=jnp.zeros((k + 1,), jnp.int32),
+                      width_counts=jnp.zeros((k + 1,), jnp.int32),
+                      draft_stats=drafter.step_statistics(draft_state, jnp.zeros((b,), bool)))
+    budgeted = drafter.verify_widths is not None
 
     def body(s: SpecState) -> SpecState:
       rng, draft_rng, verify_rng = jax.random.split(s.rng, 3)
@@ -63,17 +73,25 @@ class SpeculativeDecoder(DecodeLoop):
           drafter_params, target, s.draft_state, Context(s.seq_BxS, end_B, s.pending_B),
           self.sampler, draft_rng)
       window = jnp.concatenate([s.pending_B[:, None], drafts_BxK], axis=1)
-      verify_out = target(window, cache=s.cache, feature_layers=drafter.feature_layers)
+      active = ~s.done_B
+      budget_B = drafter.verify_budget(drafter_params, draft_state, active) if budgeted else None
+      if budget_B is None:
+        verify_out = target(window, cache=s.cache, feature_layers=drafter.feature_layers)
+        width = jnp.int32(k)
+      else:  # fixed before verification; the pass runs at a width that holds every budget
+        budget_B = jnp.where(active, jnp.clip(budget_B, 0, k), 0)
+        verify_out, width = verify_at_width(target, window, s.cache, drafter.verify_widths,
+                                            jnp.max(budget_B), drafter.feature_layers)
+      budget_kw = {} if budget_B is None else {"budget_B": budget_B}
       if self.sampler.greedy:
-        m_B, next_B = verify_greedy(verify_out.logits_BxTxV, drafts_BxK)
+        m_B, next_B = verify_greedy(verify_out.logits_BxTxV, drafts_BxK, budget_B)
       else:
         m_B, next_B = self.sampling_verifier(self.sampler.probs(verify_out.logits_BxTxV),
-                                             drafts_BxK, q, verify_rng)
+                                             drafts_BxK, q, verify_rng, **budget_kw)
       # committed this step: d_1..d_m then the target's token
       slot = jnp.arange(k + 1)[None, :]
       new_BxK1 = jnp.where(slot < m_B[:, None], jnp.pad(drafts_BxK, ((0, 0), (0, 1))),
                            next_B[:, None])
-      active = ~s.done_B
       out, count, done = commit_tokens(s.out_BxN, s.count_B, s.done_B, new_BxK1, m_B + 1,
                                        max_new_B, self.eos_id)
       # EOS or max_new_tokens may cut a row's last step short: its cache then keeps only what
@@ -84,11 +102,26 @@ class SpeculativeDecoder(DecodeLoop):
           drafter_params, target, draft_state,
           Verified(window, end_B, jnp.maximum(n_B - 1, 0), next_B, verify_out, active))
       hist = (jax.nn.one_hot(m_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
+      # draft j was verified when drafts < j were accepted and the budget reached j
+      pos = jnp.arange(1, k + 1)[None, :]
+      limit_B = jnp.full_like(m_B, k) if budget_B is None else budget_B
+      reached = active[:, None] & (m_B[:, None] >= pos - 1) & (limit_B[:, None] >= pos)
+      accepted = active[:, None] & (m_B[:, None] >= pos)
+      position_counts = s.position_counts + jnp.stack([reached.sum(0), accepted.sum(0)])
+      budget_hist = (jax.nn.one_hot(limit_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
+      stats = jax.tree.map(jnp.add, s.draft_stats, drafter.step_statistics(draft_state, active))
       return SpecState(cache=verify_out.cache.rollback(end_B + n_B),
                        pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
                        count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
                        steps_B=s.steps_B + active, draft_state=draft_state, seq_BxS=seq,
-                       accept_counts=s.accept_counts + hist)
+                       accept_counts=s.accept_counts + hist, position_counts=position_counts,
+                       budget_counts=s.budget_counts + budget_hist,
+                       width_counts=s.width_counts + jax.nn.one_hot(width, k + 1,
+                                                                    dtype=jnp.int32),
+                       draft_stats=stats)
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
-    return self.result(final, final.accept_counts)
+    return self.result(final, final.accept_counts).replace(
+        position_counts=final.position_counts,
+        budget_counts=final.budget_counts if budgeted else None,
+        width_counts=final.width_counts, draft_stats=final.draft_stats)

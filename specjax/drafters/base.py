@@ -78,6 +78,23 @@ class Drafter(abc.ABC):
   def commit(self, params, target, state, verified: Verified):
     """State after verification: keep what the accepted tokens justify, drop the rest."""
 
+  # Optional: a per-row verify budget (see decoding/schedule.py). A drafter that returns one
+  # names the verify widths the loop compiles; the budget must be fixed from what the drafter
+  # knows before verification (never from the target's view of the drafts).
+  @property
+  def verify_widths(self) -> tuple[int, ...] | None:
+    """Draft counts the loop compiles a verify pass for (it runs the smallest that holds the
+    largest budget); None = the drafter gives no budget."""
+    return None
+
+  def verify_budget(self, params, state, active_B):
+    """budget_B int32 in 0..K (drafts at index >= budget are not verified), or None = all K;
+    called right after `propose`."""
+    return None
+
+  def step_statistics(self, state, active_B) -> dict:
+    """Per-step sums over active rows that the loop accumulates (e.g. confidences)."""
+    return {}
 
 PROPOSALS = ("sample", "argmax")
 

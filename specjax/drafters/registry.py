@@ -60,6 +60,27 @@ def _dflash2(cfg, target):
                         proposal=proposal(cfg)), params
 
 
+def _dspark(cfg, target):
+  from specjax import costs
+  from specjax.decoding import schedule
+  from specjax.drafters.dspark import DSparkDrafter
+  from specjax.training.dspark import load_dspark
+  k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
+  sched, threshold = cfg.get("schedule", "fixed"), cfg.get("schedule_threshold", 0.5)
+  schedule.check_schedule(sched, threshold)
+  graphdef, params, layers, temps = load_dspark(cfg.run_dir, target, k)
+  widths, seconds = schedule.default_widths(k), ()
+  if sched == "load_aware":  # T(w) at this batch size, measured once at start-up
+    context = min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2)
+    t = costs.verify_costs(target.graphdef, target.params, batch=cfg.batch_size,
+                           ns=[w + 1 for w in widths], context_len=context,
+                           cache_len=cfg.cache_len)
+    seconds = tuple(t[w + 1] for w in widths)
+  return DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers, schedule=sched,
+                       threshold=threshold, widths=widths, width_seconds=seconds,
+                       temperatures=temps), params
+
+
 BUILDERS: dict[str, Callable] = {
     "prompt_lookup": _prompt_lookup,
     "draft": _draft,
@@ -67,9 +88,10 @@ BUILDERS: dict[str, Callable] = {
     "mtp_sequential": _mtp("sequential"),
     "dflash": _dflash,
     "dflash2": _dflash2,
+    "dspark": _dspark,
 }
 METHODS = ("ar",) + tuple(BUILDERS)
-BLOCK_METHODS = ("dflash", "dflash2")  # methods sized by block_size (block_size - 1 drafts) not num_draft_tokens
+BLOCK_METHODS = ("dflash", "dflash2", "dspark")  # sized by block_size, not num_draft_tokens
 
 
 def num_drafts(name: str, cfg) -> int:

@@ -84,16 +84,20 @@ def regenerated(cfg, target, tok, split: str, count: int) -> np.ndarray:
   return rows
 
 
-def as_batch(rows: np.ndarray, pad_id: int = tokenizer_lib.PAD_ID) -> dict:
+def as_batch(rows: np.ndarray, pad_id: int = tokenizer_lib.PAD_ID, prompt_len: int = 0) -> dict:
   """Regenerated rows as training batches (one document per row; PAD after EOS is dropped).
-  Where a tokenizer has no pad token, pad_id is the EOS id and the EOS itself is dropped too."""
+  Where a tokenizer has no pad token, pad_id is the EOS id and the EOS itself is dropped too.
+  Labels only on generated tokens: `loss_mask` is 0 where the next token is part of the
+  corpus prompt (its first `prompt_len` tokens), which stays visible as context."""
   tokens = rows.astype(np.int32)
   b, t = tokens.shape
   is_pad = tokens == pad_id
   seg = np.where(np.cumsum(is_pad, axis=1) > 0, 0, 1).astype(np.int32)
   positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
-  return pipeline.with_loss_mask({"tokens": tokens, "tokens_positions": positions,
-                                  "tokens_segment_ids": seg})
+  batch = pipeline.with_loss_mask({"tokens": tokens, "tokens_positions": positions,
+                                   "tokens_segment_ids": seg})
+  batch["loss_mask"][:, :max(prompt_len - 1, 0)] = 0.0
+  return batch
 
 
 def regenerated_data(cfg, target, tok):
@@ -111,6 +115,7 @@ def regenerated_data(cfg, target, tok):
     ds = ds[jax.process_index()::jax.process_count()]
   ds = ds.shuffle(seed=cfg.seed).repeat().batch(local, drop_remainder=True)
   ds = ds.map(lambda rows: as_batch(np.stack(rows) if isinstance(rows, list) else rows,
-                                    pad_id))
-  val = [as_batch(val_rows[i:i + local], pad_id) for i in range(0, len(val_rows) - local + 1, local)]
+                                    pad_id, r.prompt_len))
+  val = [as_batch(val_rows[i:i + local], pad_id, r.prompt_len)
+         for i in range(0, len(val_rows) - local + 1, local)]
   return ds.to_iter_dataset(), val[:cfg.eval_batches]

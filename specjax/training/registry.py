@@ -9,10 +9,12 @@ def trainers():
   from specjax.training.dflash import train_dflash
   from specjax.training.dflash2 import train_dflash2
   from specjax.training.draft import train_draft
+  from specjax.training.dspark import train_dspark
   from specjax.training.mtp import train_mtp
   from specjax.training.target import train_target
   return {"target": train_target, "draft": train_draft, "mtp": train_mtp,
-          "dflash": train_dflash, "dflash2": train_dflash2}
+          "dflash": train_dflash, "dflash2": train_dflash2,
+          "dspark": train_dspark}
 
 
 def train(cfg):
