@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from flax import nnx  # noqa: E402
 
@@ -26,16 +28,50 @@ def target_for_timing(run_dir: str):
 
 def decode_config(run_dir: str, temperature: float, num_prompts: int, max_new_tokens: int):
   """configs/decode.py with the bench's settings and step-cost measurement on."""
-  import importlib.util
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      "decode.py")
-  spec = importlib.util.spec_from_file_location("decode_config", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = mod.get_config()
+  cfg = load_config("decode.py")
   cfg.run_dir = run_dir
   cfg.temperature = temperature
   cfg.num_prompts = num_prompts
   cfg.max_new_tokens = max_new_tokens
   cfg.measure_costs = True
   return cfg
+
+
+def load_config(name):
+  """configs/<name>'s get_config()."""
+  import importlib.util
+  path = os.path.join(ROOT, "configs", name)
+  spec = importlib.util.spec_from_file_location(name[:-3], path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config()
+
+
+def prepare(source, run):
+  """A run dir holding a copy of the source target and its regenerated data."""
+  os.makedirs(run, exist_ok=True)
+  for sub in ("target", "regenerated"):
+    if not os.path.exists(os.path.join(run, sub)) and os.path.exists(os.path.join(source, sub)):
+      shutil.copytree(os.path.join(source, sub), os.path.join(run, sub))
+  return run
+
+
+def train(name, run, steps, **overrides):
+  """Trains configs/<name> into run for `steps` (resumes; returns at once when done)."""
+  cfg = load_config(name)
+  cfg.run_dir, cfg.num_steps = run, steps
+  cfg.update(overrides)
+  from specjax.training import registry as trainers
+  trainers.train(cfg)
+
+
+def predicted(entry):
+  """tau * T_ar / (T_draft + mean T_verify over the widths the steps used)."""
+  import numpy as np
+  t_verify = entry["t_verify"]
+  if "verify_width_seconds" in entry:
+    hist = np.asarray(entry["verify_width_histogram"], float)
+    secs = entry["verify_width_seconds"]
+    per = [secs[str(min(int(w) for w in secs if int(w) >= i))] for i in range(len(hist))]
+    t_verify = float((hist * per).sum() / max(hist.sum(), 1))
+  return entry["tau"] * entry["t_ar"] / (entry["t_draft"] + t_verify)

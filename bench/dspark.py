@@ -16,54 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 
 import common  # sets sys.path
 
-import numpy as np
-
-from specjax import config_base, costs
+from specjax import costs
 from specjax.drafters import registry as drafters
 from specjax.evaluate import Harness
 from specjax.sampling import Sampler
-from specjax.training import registry as trainers
-
-
-def _config(name):
-  import importlib.util
-  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                      name)
-  spec = importlib.util.spec_from_file_location(name[:-3], path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
-
-
-def prepare(source, run):
-  """A run dir holding a copy of the source target and its regenerated data."""
-  os.makedirs(run, exist_ok=True)
-  for sub in ("target", "regenerated"):
-    if not os.path.exists(os.path.join(run, sub)) and os.path.exists(os.path.join(source, sub)):
-      shutil.copytree(os.path.join(source, sub), os.path.join(run, sub))
-  return run
-
-
-def train(name, run, steps, **overrides):
-  cfg = _config(name)
-  cfg.run_dir, cfg.num_steps = run, steps
-  cfg.update(overrides)
-  trainers.train(cfg)  # resumes / returns at once when already trained
-
-
-def predicted(entry):
-  """tau * T_ar / (T_draft + mean T_verify over the widths the steps used)."""
-  t_verify = entry["t_verify"]
-  if "verify_width_seconds" in entry:
-    hist = np.asarray(entry["verify_width_histogram"], float)
-    secs = entry["verify_width_seconds"]
-    per = [secs[str(min(int(w) for w in secs if int(w) >= i))] for i in range(len(hist))]
-    t_verify = float((hist * per).sum() / max(hist.sum(), 1))
-  return entry["tau"] * entry["t_ar"] / (entry["t_draft"] + t_verify)
 
 
 def main(argv=None):
@@ -77,11 +36,11 @@ def main(argv=None):
   p.add_argument("--max_new_tokens", type=int, default=48)
   p.add_argument("--block_size", type=int, default=8)
   args = p.parse_args(argv)
-  main_run = prepare(args.source_run, os.path.join(args.out, "main"))
-  plain_run = prepare(args.source_run, os.path.join(args.out, "no_markov"))
-  train("dflash_tiny.py", main_run, args.steps, block_size=args.block_size)
-  train("dspark_tiny.py", main_run, args.steps, block_size=args.block_size)
-  train("dspark_tiny.py", plain_run, args.steps, block_size=args.block_size, markov_rank=0)
+  main_run = common.prepare(args.source_run, os.path.join(args.out, "main"))
+  plain_run = common.prepare(args.source_run, os.path.join(args.out, "no_markov"))
+  common.train("dflash_tiny.py", main_run, args.steps, block_size=args.block_size)
+  common.train("dspark_tiny.py", main_run, args.steps, block_size=args.block_size)
+  common.train("dspark_tiny.py", plain_run, args.steps, block_size=args.block_size, markov_rank=0)
 
   variants = [("dflash", "dflash", main_run, "fixed"),
               ("dspark_no_markov", "dspark", plain_run, "fixed"),
@@ -101,7 +60,7 @@ def main(argv=None):
                      "a_k": e["acceptance_per_position"],
                      "tok_s": e["tokens_per_second"],
                      "speedup": e["tokens_per_second"] / ar["tokens_per_second"],
-                     "predicted": predicted(e), "mean_budget": e.get("mean_budget"),
+                     "predicted": common.predicted(e), "mean_budget": e.get("mean_budget"),
                      "lossless": e["lossless_check"],
                      "width_seconds": e.get("verify_width_seconds")})
         if sched == "load_aware":

@@ -23,7 +23,7 @@ from specjax import evaluate
 from specjax.decoding.ar import ARDecoder
 from specjax.sampling import Sampler
 
-METHODS = "prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash"
+METHODS = "prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash,dspark,dflash2"
 
 
 def efficiency_rows(args, methods):

@@ -27,6 +27,7 @@ def get_config():
   # distribution q_k and verifies with q (as Z Lab's reference does); "argmax" proposes the
   # argmax, verified as a one-hot q. Both are lossless.
   c.proposal = "sample"
+  c.selector = True  # DFlash 2: rerank each slot's top-K candidates; False = unary argmax/sample
   c.lookup_max_ngram = 3
   c.schedule = "fixed"  # DSpark verify budget: fixed | threshold | load_aware
   c.schedule_threshold = 0.5  # threshold schedule: verify drafts whose survival stays >= this

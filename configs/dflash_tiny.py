@@ -13,11 +13,8 @@ from specjax import config_base
 
 
 def get_config():
-  c = config_base.train_defaults()
+  c = config_base.block_drafter_defaults()  # 2 layers, 3 feature layers, regenerated data
   c.method = "dflash"
-  c.num_layers = 2
-  c.feature_layers = ()  # target layers to read; empty = num_feature_layers spread evenly
-  c.num_feature_layers = 3
   c.block_size = 16  # trained block; decoding may use any smaller one
   # mask slots: -1 = a learned mask vector; a token id = the target's embedding of that token
   # (Z Lab's design; needed to export to their format: python -m specjax.interop export-dflash)
@@ -29,14 +26,5 @@ def get_config():
   c.final_logit_softcapping = 0.0  # 0 = off; else cap * tanh(logits / cap)
   c.embedding_scale = 1.0  # block embeddings scale (Z Lab's input_embedding_scale)
   c.gamma = 7.0  # loss decay exp(-(k-1)/gamma): 7, 5, 4 for B = 16, 10, 8
-  c.num_anchors = 16  # blocks per sequence per step
-  c.label_source = "target"  # target: train on the target's greedy continuations | data
-  c.regen = ml_collections.ConfigDict(
-      {"num_sequences": 768, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
-       "batch_size": 64})
   c.num_steps = 300
-  c.batch_size = 16
-  c.seq_len = 128
-  c.learning_rate = 2e-3
-  c.warmup_steps = 0.04
   return c

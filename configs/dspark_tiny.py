@@ -9,33 +9,19 @@ in runs/tiny/regenerated/), then calibrates the confidence head on the held-out 
 --config.schedule=fixed|threshold|load_aware (block_size - 1 drafts, like DFlash).
 """
 
-import ml_collections
-
 from specjax import config_base
 
 
 def get_config():
-  c = config_base.train_defaults()
+  c = config_base.block_drafter_defaults()  # 2 layers, 3 feature layers, regenerated data
   c.method = "dspark"
-  c.num_layers = 2
-  c.feature_layers = ()
-  c.num_feature_layers = 3
   c.block_size = 8  # B inputs [anchor, MASK x 7] -> 8 drafts
   c.markov_rank = 64  # r; 0 = no Markov head (r = 256 at V = 152K; V = 2048 here)
   c.gamma = 4.0  # weight exp(-j/gamma), j = 0..B-1
   c.ce_weight = 0.1
   c.tv_weight = 0.9
   c.confidence_weight = 1.0
-  c.num_anchors = 16
-  c.label_source = "target"
-  c.regen = ml_collections.ConfigDict(
-      {"num_sequences": 768, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
-       "batch_size": 64})
   c.num_steps = 150
-  c.batch_size = 16
-  c.seq_len = 128
-  c.learning_rate = 2e-3
-  c.warmup_steps = 0.04
   c.eval_every = 50
   c.save_every = 50
   return c

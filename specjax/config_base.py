@@ -65,3 +65,23 @@ def model_defaults() -> ml_collections.ConfigDict:
   m.dtype = "float32"
   m.param_dtype = "float32"
   return m
+
+
+def block_drafter_defaults() -> ml_collections.ConfigDict:
+  """What DFlash, DFlash 2 and DSpark share: the tiny-target training schedule and the
+  regenerated data (the target's greedy continuations of corpus prompts, generated once into
+  run_dir/regenerated/ and shared by all three)."""
+  c = train_defaults()
+  c.num_layers = 2
+  c.feature_layers = ()  # target layers to read; empty = num_feature_layers spread evenly
+  c.num_feature_layers = 3
+  c.num_anchors = 16  # blocks per sequence per step
+  c.label_source = "target"  # target: train on the target's greedy continuations | data
+  c.regen = ml_collections.ConfigDict(
+      {"num_sequences": 768, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,
+       "batch_size": 64})
+  c.batch_size = 16
+  c.seq_len = 128
+  c.learning_rate = 2e-3
+  c.warmup_steps = 0.04
+  return c

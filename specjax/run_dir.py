@@ -202,3 +202,25 @@ def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
 def load_dflash2(run_dir: str, target, block_size: int):
   """(graphdef, params, feature layers) of a trained or imported DFlash 2 drafter."""
   return load_dflash(run_dir, target, block_size, "dflash2")
+
+
+DSPARK_CALIBRATION = "calibration.json"  # per-position temperatures, written after training
+
+
+def load_dspark(run_dir: str, target, num_drafts: int, name: str = "dspark"):
+  """(graphdef, params, feature layers, calibration temperatures) of a trained DSpark."""
+  from specjax.drafters.dspark import build_model
+  if num_drafts < 1:
+    raise SpecjaxError(f"DSpark needs at least one draft, got {num_drafts}")
+  graphdef, params, cfg = load_module(
+      run_dir, name, lambda cfg, rngs: build_model(cfg, target.model_cfg, rngs))
+  if num_drafts > cfg.block_size:
+    raise SpecjaxError(f"{num_drafts} drafts but {name} was trained with block_size="
+                       f"{cfg.block_size}; lower --config.block_size (DSpark drafts "
+                       "block_size - 1) or retrain")
+  temps = ()
+  path = os.path.join(run_dir, name, DSPARK_CALIBRATION)
+  if os.path.exists(path):
+    with open(path) as f:
+      temps = tuple(float(t) for t in json.load(f)["temperatures"])
+  return graphdef, params, dflash_lib.feature_layers(cfg, target.model_cfg.num_layers), temps

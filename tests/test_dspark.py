@@ -18,7 +18,6 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import random_prompts, run_ar, run_spec, tiny_model, to_lists
 from specjax.decoding import schedule
-from specjax.drafters.base import Context
 from specjax.drafters.dspark import DSparkDrafter, DSparkModel, markov_walk
 from specjax.errors import SpecjaxError
 from specjax.sampling import Sampler
@@ -129,6 +128,11 @@ def test_load_aware_admits_in_descending_survival_and_shrinks_with_batch():
   many = schedule.load_aware_budget(jnp.tile(a[:1], (8, 1)), jnp.ones((8,), bool),
                                     (1.0, 1.8, 2.6, 3.4, 4.2))
   assert int(many.max()) < int(one[0])
+  # the drafter's own step is paid whatever the budget: a costly one makes drafts worth more.
+  # One row, survival 0.5, T(0) = 1, T(1) = 2: 1/1 > 1.5/2 refuses, 1/3 < 1.5/4 admits.
+  half, row = jnp.asarray([[0.5]]), jnp.array([True])
+  assert schedule.load_aware_budget(half, row, (1.0, 2.0)).tolist() == [0]
+  assert schedule.load_aware_budget(half, row, (1.0, 2.0), draft_seconds=2.0).tolist() == [1]
   # the survival used is non-increasing in j whatever the calibration temperatures
   s = schedule.survival(jnp.asarray([[0.9, 0.99, 0.99]]), (0.5, 3.0, 0.2))
   assert (np.diff(np.asarray(s)) <= 1e-7).all()

@@ -8,8 +8,9 @@ loop verifies drafts 1..b_r only):
 - `fixed`: every draft, b_r = K.
 - `threshold`: the drafts whose survival stays >= a set value.
 - `load_aware`: draft tokens across the whole batch in descending survival, admitted while
-  (expected committed tokens) / T(verify width) keeps growing, with T the measured cost of a
-  target pass per width at this batch size. Expected committed tokens are
+  (expected committed tokens) / (T_draft + T(verify width)) keeps growing, with T the
+  measured cost of a target pass per width at this batch size and T_draft the measured cost
+  of the drafter's step (paid whatever the budget). Expected committed tokens are
   sum over active rows of (1 + sum of admitted a_{r,j}).
 
 Losslessness. The budget is fixed before verification sees the drafts, and whether draft j
@@ -71,15 +72,16 @@ def threshold_budget(survival_BxK, threshold: float):
   return (survival_BxK >= threshold).sum(-1).astype(jnp.int32)
 
 
-def load_aware_budget(survival_BxK, active_B, costs_K1):
-  """Greedy admission in descending survival while committed tokens / T(width) grows."""
+def load_aware_budget(survival_BxK, active_B, costs_K1, draft_seconds: float = 0.0):
+  """Greedy admission in descending survival while committed tokens per second of a whole
+  step, (T_draft + T(width)), grows."""
   b, k = survival_BxK.shape
   a = jnp.where(active_B[:, None], survival_BxK, 0.0).reshape(-1)
   pos = jnp.broadcast_to(jnp.arange(1, k + 1), (b, k)).reshape(-1)
   row = jnp.broadcast_to(jnp.arange(b)[:, None], (b, k)).reshape(-1)
   order = jnp.lexsort((pos, -a))  # descending survival, earlier position first on ties
   a_s, pos_s, row_s = a[order], pos[order], row[order]
-  cost = jnp.asarray(costs_K1, jnp.float32)
+  cost = jnp.asarray(costs_K1, jnp.float32) + draft_seconds
   base = active_B.sum().astype(jnp.float32)
   committed = base + jnp.cumsum(a_s)
   width = jax.lax.cummax(pos_s, axis=0)

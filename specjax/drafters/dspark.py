@@ -105,13 +105,14 @@ class DSparkState:
 class DSparkDrafter(DFlashDrafter):
   """num_draft_tokens = K = the block's B inputs. `schedule` picks the verify budget;
   `widths` are the compiled verify widths (empty: 0, 1, 2, 4, ..., K); `width_seconds` the
-  measured cost of a target pass per width (load_aware); `temperatures` the per-position
-  calibration of the survival (empty: none)."""
+  measured cost of a target pass per width and `draft_seconds` that of this drafter's step
+  (load_aware); `temperatures` the per-position calibration of the survival (empty: none)."""
 
   schedule: str = "fixed"
   threshold: float = 0.5
   widths: tuple[int, ...] = ()
   width_seconds: tuple[float, ...] = ()
+  draft_seconds: float = 0.0
   temperatures: tuple[float, ...] = ()
 
   def __post_init__(self):
@@ -174,10 +175,17 @@ class DSparkDrafter(DFlashDrafter):
       return schedule_lib.threshold_budget(a, self.threshold)
     costs = schedule_lib.width_costs(self.compiled_widths, self.width_seconds,
                                      self.num_draft_tokens)
-    return schedule_lib.load_aware_budget(a, active_B, costs)
+    return schedule_lib.load_aware_budget(a, active_B, costs, self.draft_seconds)
 
   def step_statistics(self, state: DSparkState, active_B) -> dict:
     w = active_B[:, None].astype(jnp.float32)
     return {"confidence": (state.conf_BxK * w).sum(0),
             "survival": (self.survival(state.conf_BxK) * w).sum(0),
             "rows": active_B.sum().astype(jnp.float32)}
+
+
+def build_model(cfg, target_cfg, rngs):
+  """DSpark from its training config (abstractly under nnx.eval_shape when loading)."""
+  from specjax.drafters.dflash import feature_layers
+  return DSparkModel(target_cfg, cfg.num_layers,
+                     len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from specjax import run_dir as run_dir_lib
@@ -57,28 +58,32 @@ def _dflash2(cfg, target):
   from specjax.drafters.dflash2 import DFlash2Drafter
   graphdef, params, layers = run_dir_lib.load_dflash2(cfg.run_dir, target, cfg.block_size)
   return DFlash2Drafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
-                        proposal=proposal(cfg)), params
+                        proposal=proposal(cfg),
+                        use_selector=bool(cfg.get("selector", True))), params
 
 
 def _dspark(cfg, target):
   from specjax import costs
   from specjax.decoding import schedule
   from specjax.drafters.dspark import DSparkDrafter
-  from specjax.training.dspark import load_dspark
+  from specjax.sampling import Sampler
   k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
   sched, threshold = cfg.get("schedule", "fixed"), cfg.get("schedule_threshold", 0.5)
   schedule.check_schedule(sched, threshold)
-  graphdef, params, layers, temps = load_dspark(cfg.run_dir, target, k)
-  widths, seconds = schedule.default_widths(k), ()
-  if sched == "load_aware":  # T(w) at this batch size, measured once at start-up
-    context = min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2)
-    t = costs.verify_costs(target.graphdef, target.params, batch=cfg.batch_size,
-                           ns=[w + 1 for w in widths], context_len=context,
-                           cache_len=cfg.cache_len)
-    seconds = tuple(t[w + 1] for w in widths)
-  return DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers, schedule=sched,
-                       threshold=threshold, widths=widths, width_seconds=seconds,
-                       temperatures=temps), params
+  graphdef, params, layers, temps = run_dir_lib.load_dspark(cfg.run_dir, target, k)
+  drafter = DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers, schedule="fixed",
+                          threshold=threshold, widths=schedule.default_widths(k),
+                          temperatures=temps)
+  if sched == "load_aware":  # T(w) and T_draft at this batch size, measured once at start-up
+    kw = dict(batch=cfg.batch_size, cache_len=cfg.cache_len,
+              context_len=min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2))
+    t = costs.verify_costs(target.graphdef, target.params, ns=[w + 1 for w in drafter.widths],
+                           **kw)
+    t_draft = costs.draft_cost(target.graphdef, target.params, drafter, params,
+                               sampler=Sampler(cfg.temperature, cfg.top_k, cfg.top_p), **kw)
+    drafter = dataclasses.replace(drafter, width_seconds=tuple(t[w + 1] for w in drafter.widths),
+                                  draft_seconds=t_draft)
+  return dataclasses.replace(drafter, schedule=sched), params
 
 
 BUILDERS: dict[str, Callable] = {

@@ -10,6 +10,7 @@ Cross-entropy is weighted by exp(-(k-1)/gamma) over block position k.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
@@ -66,24 +67,41 @@ def position_weights(block_size: int, gamma: float):
   return jnp.where(k > 0, jnp.exp(-(k - 1) / gamma), 0.0)
 
 
+def target_and_anchors(target, batch, layers, rng, num_anchors: int, compute_logits=True):
+  """The frozen target's outputs (features from `layers`) on the batch, and `num_anchors`
+  anchors per row among positions whose next token carries a label."""
+  tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
+  out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
+                                     feature_layers=layers, compute_logits=compute_logits))
+  valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the next token is a label
+  anchors, real = sample_anchors(rng, valid_anchor, num_anchors)
+  return out, anchors, real
+
+
+def block_hidden(model, target, target_out, batch, anchors, bs: int, **kwargs):
+  """The drafter's hidden states [B, A*bs, D] for blocks [anchor token, MASK...] at `anchors`,
+  each seeing its document's context before the anchor (training_mask)."""
+  tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
+  b = tokens.shape[0]
+  ctx_kv = model.context_kv(model.project(target_out.features), pos)
+  x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
+  block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None]
+               + jnp.arange(bs)).reshape(b, -1)
+  return model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs), **kwargs)
+
+
 def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
   bs, gamma = cfg.block_size, cfg.gamma
 
   def loss_fn(params, target_params, batch, rng):
     target = nnx.merge(target_graphdef, target_params)
     model = nnx.merge(model_graphdef, params)
-    tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                                       feature_layers=layers, compute_logits=False))
-    b, t = tokens.shape
-    valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the next token is in the document
-    anchors, real = sample_anchors(rng, valid_anchor, cfg.num_anchors)
-    labels, valid = block_targets(tokens, seg, anchors, real, bs)
-    ctx_kv = model.context_kv(model.project(out.features), pos)
-    x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
-    block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
-        b, -1)
-    hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs))
+    out, anchors, real = target_and_anchors(target, batch, layers, rng, cfg.num_anchors,
+                                            compute_logits=False)
+    tokens = batch["tokens"]
+    b = tokens.shape[0]
+    labels, valid = block_targets(tokens, batch["segment_ids"], anchors, real, bs)
+    hidden = block_hidden(model, target, out, batch, anchors, bs)
     logits = model.draft_logits(target, hidden).reshape(b, cfg.num_anchors, bs, -1)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     w = position_weights(bs, gamma) * valid
@@ -100,13 +118,26 @@ def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
   return loss_fn
 
 
-def train_dflash(cfg, build=build_model, make_loss=dflash_loss):
-  """build(cfg, target_cfg, rngs) and make_loss(model graphdef, target graphdef, cfg, layers):
-  DFlash's own by default (DFlash 2 passes its model and loss)."""
-  if cfg.block_size < 2:
-    raise SpecjaxError(f"block_size must be >= 2, got {cfg.block_size}")
+@dataclasses.dataclass
+class Setup:
+  """What every block drafter's training needs: the frozen target, the drafter's graphdef and
+  initialiser, the feature layers and the data."""
+  target: object
+  graphdef: object
+  init_params: object
+  layers: tuple
+  train_data: object
+  eval_data: object
+  num_params: int
+
+
+def prepare(cfg, build) -> Setup:
+  """Checks, saves the config, loads the target and the data (regenerated or corpus) for a
+  block drafter built by build(cfg, target_cfg, rngs)."""
   if cfg.num_anchors > cfg.seq_len:
     raise SpecjaxError(f"num_anchors={cfg.num_anchors} exceeds seq_len={cfg.seq_len}")
+  if cfg.label_source not in ("data", "target"):
+    raise SpecjaxError(f"label_source must be 'data' or 'target', got '{cfg.label_source}'")
   target = run_dir_lib.load_target(cfg.run_dir)
   tok = run_dir_lib.load_tokenizer(cfg.run_dir)
   layers = feature_layers(cfg, target.model_cfg.num_layers)
@@ -116,20 +147,34 @@ def train_dflash(cfg, build=build_model, make_loss=dflash_loss):
                           nnx.Param)
   if cfg.label_source == "target":
     train_ds, val = regenerate.regenerated_data(cfg, target, tok)
-  elif cfg.label_source == "data":
-    train_ds, val = data_for(cfg, tok)
   else:
-    raise SpecjaxError(f"label_source must be 'data' or 'target', got '{cfg.label_source}'")
+    train_ds, val = data_for(cfg, tok)
 
   def init_params(rng):
     return nnx.state(build(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
 
   n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
-  print(f"[{cfg.method}] {n / 1e6:.2f}M parameters, {cfg.num_layers} layers, target features "
-        f"from layers {layers}, block {cfg.block_size}, gamma {cfg.gamma}, labels from "
-        f"{cfg.label_source}", flush=True)
-  task = TrainTask(name=cfg.method, init_params=init_params,
-                   loss_fn=make_loss(graphdef, target.graphdef, cfg, layers),
-                   train_data=train_ds, eval_data=val, frozen=target.params,
-                   summary={"num_params": int(n), "feature_layers": list(layers)})
+  return Setup(target, graphdef, init_params, tuple(layers), train_ds, val, int(n))
+
+
+def run(cfg, setup: Setup, make_loss):
+  """Trains (or resumes) with make_loss(model graphdef, target graphdef, cfg, layers)."""
+  task = TrainTask(name=cfg.method, init_params=setup.init_params,
+                   loss_fn=make_loss(setup.graphdef, setup.target.graphdef, cfg, setup.layers),
+                   train_data=setup.train_data, eval_data=setup.eval_data,
+                   frozen=setup.target.params,
+                   summary={"num_params": setup.num_params,
+                            "feature_layers": list(setup.layers)})
   return train(cfg, task)
+
+
+def train_dflash(cfg, build=build_model, make_loss=dflash_loss):
+  """build(cfg, target_cfg, rngs) and make_loss(model graphdef, target graphdef, cfg, layers):
+  DFlash's own by default (DFlash 2 passes its model and loss)."""
+  if cfg.block_size < 2:
+    raise SpecjaxError(f"block_size must be >= 2, got {cfg.block_size}")
+  setup = prepare(cfg, build)
+  print(f"[{cfg.method}] {setup.num_params / 1e6:.2f}M parameters, {cfg.num_layers} layers, "
+        f"target features from layers {setup.layers}, block {cfg.block_size}, gamma "
+        f"{cfg.gamma}, labels from {cfg.label_source}", flush=True)
+  return run(cfg, setup, make_loss)

@@ -27,20 +27,13 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
   def loss_fn(params, target_params, batch, rng):
     target = nnx.merge(target_graphdef, target_params)
     model = nnx.merge(model_graphdef, params)
-    tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                                       feature_layers=layers))
-    b, t = tokens.shape
     a = cfg.num_anchors
-    valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)
-    anchors, real = dflash_training.sample_anchors(rng, valid_anchor, a)
-    labels, valid = dflash_training.block_targets(tokens, seg, anchors, real, bs)
-    ctx_kv = model.context_kv(model.project(out.features), pos)
-    x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
-    block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
-        b, -1)
-    hidden = model(x, block_pos, ctx_kv, dflash_training.training_mask(seg, anchors, bs),
-                   block_size=bs)
+    out, anchors, real = dflash_training.target_and_anchors(target, batch, layers, rng, a)
+    tokens = batch["tokens"]
+    b, t = tokens.shape
+    labels, valid = dflash_training.block_targets(tokens, batch["segment_ids"], anchors, real,
+                                                  bs)
+    hidden = dflash_training.block_hidden(model, target, out, batch, anchors, bs, block_size=bs)
     logits = model.draft_logits(target, hidden).reshape(b, a, bs, -1)  # slot 0: the anchor
     hidden = hidden.reshape(b, a, bs, -1)
     # the target's distribution for t_{a+k}: its logits at position a+k-1

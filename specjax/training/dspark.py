@@ -25,34 +25,22 @@ import optax
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.drafters.dspark import DSparkModel
+from specjax.drafters.dspark import build_model
 from specjax.errors import SpecjaxError
-from specjax.training import regenerate
-from specjax.training.dflash import block_targets, feature_layers, sample_anchors, training_mask
-from specjax.training.loop import TrainTask, train
-
-CALIBRATION = "calibration.json"
-
-
-def build_model(cfg, target_cfg, rngs):
-  return DSparkModel(target_cfg, cfg.num_layers,
-                     len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs)
+from specjax.training import dflash as dflash_training
+from specjax.training.dflash import block_hidden, block_targets, target_and_anchors
 
 
 def block_outputs(model, target, target_out, batch, anchors, real, bs: int):
   """Draft logits, target probabilities, confidence logits [B, A, bs(, V)], the labels and
   their validity for the blocks at `anchors`."""
-  tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
+  tokens, seg = batch["tokens"], batch["segment_ids"]
   b, t = tokens.shape
   a = anchors.shape[1]
   labels, valid = block_targets(tokens, seg, anchors, real, bs + 1)
   labels, valid = labels[..., 1:], valid[..., 1:]  # slot j -> t_{a+j+1}
   prev, _ = block_targets(tokens, seg, anchors, real, bs)  # slot j reads t_{a+j}
-  ctx_kv = model.context_kv(model.project(target_out.features), pos)
-  x = model.block_inputs(target, jnp.take_along_axis(tokens, anchors, axis=1), bs)
-  block_pos = (jnp.take_along_axis(pos, anchors, axis=1)[..., None] + jnp.arange(bs)).reshape(
-      b, -1)
-  hidden = model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs))
+  hidden = block_hidden(model, target, target_out, batch, anchors, bs)
   e = model.previous_embedding(prev)
   logits = target.logits(hidden).reshape(b, a, bs, -1) + model.markov_logits(e)
   hidden = hidden.reshape(b, a, bs, -1)
@@ -69,11 +57,7 @@ def dspark_loss(model_graphdef, target_graphdef, cfg, layers):
   def loss_fn(params, target_params, batch, rng):
     target = nnx.merge(target_graphdef, target_params)
     model = nnx.merge(model_graphdef, params)
-    tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                                       feature_layers=layers))
-    valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the first label is a generated token
-    anchors, real = sample_anchors(rng, valid_anchor, cfg.num_anchors)
+    out, anchors, real = target_and_anchors(target, batch, layers, rng, cfg.num_anchors)
     logits, p_target, conf_logit, labels, valid = block_outputs(model, target, out, batch,
                                                                 anchors, real, bs)
     p_draft = jax.nn.softmax(logits, axis=-1)
@@ -121,30 +105,16 @@ def _check(cfg):
 
 def train_dspark(cfg):
   _check(cfg)
-  target = run_dir_lib.load_target(cfg.run_dir)
-  tok = run_dir_lib.load_tokenizer(cfg.run_dir)
-  layers = feature_layers(cfg, target.model_cfg.num_layers)
+  setup = dflash_training.prepare(cfg, build_model)
+  print(f"[{cfg.method}] {setup.num_params / 1e6:.2f}M parameters, {cfg.num_layers} layers, "
+        f"features from layers {setup.layers}, block {cfg.block_size} (every slot predicts), "
+        f"Markov rank {cfg.markov_rank}, gamma {cfg.gamma}", flush=True)
+  params = dflash_training.run(cfg, setup, dspark_loss)
+  graphdef, target, layers, val = setup.graphdef, setup.target, setup.layers, setup.eval_data
   folder = run_dir_lib.model_dir(cfg.run_dir, cfg.method)
-  run_dir_lib.save_config(cfg, os.path.join(folder, "config.json"))
-  graphdef, _ = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
-                                                             nnx.Rngs(0))), nnx.Param)
-  train_ds, val = regenerate.regenerated_data(cfg, target, tok)
-
-  def init_params(rng):
-    return nnx.state(build_model(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
-
-  n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
-  print(f"[{cfg.method}] {n / 1e6:.2f}M parameters, {cfg.num_layers} layers, features from "
-        f"layers {layers}, block {cfg.block_size} (every slot predicts), Markov rank "
-        f"{cfg.markov_rank}, gamma {cfg.gamma}", flush=True)
-  task = TrainTask(name=cfg.method, init_params=init_params,
-                   loss_fn=dspark_loss(graphdef, target.graphdef, cfg, layers),
-                   train_data=train_ds, eval_data=val, frozen=target.params,
-                   summary={"num_params": int(n), "feature_layers": list(layers)})
-  params = train(cfg, task)
   report = calibrate(cfg, graphdef, target, layers, params, val)
   if jax.process_index() == 0:
-    with open(os.path.join(folder, CALIBRATION), "w") as f:
+    with open(os.path.join(folder, run_dir_lib.DSPARK_CALIBRATION), "w") as f:
       json.dump(report, f, indent=1)
   print(f"[{cfg.method}] survival calibration error (ECE) {report['ece_before']:.4f} -> "
         f"{report['ece_after']:.4f} after per-position temperature scaling", flush=True)
@@ -179,10 +149,8 @@ def survival_pairs(cfg, graphdef, target, layers, params, batches):
   def one(params, target_params, batch):
     t = nnx.merge(target.graphdef, target_params)
     model = nnx.merge(graphdef, params)
-    out = t(batch["tokens"], positions_BxT=batch["positions"],
-            segment_ids_BxT=batch["segment_ids"], feature_layers=layers)
-    valid_anchor = (batch["segment_ids"] > 0) & (batch["loss_mask"] > 0)
-    anchors, real = sample_anchors(jax.random.key(1), valid_anchor, cfg.num_anchors)
+    out, anchors, real = target_and_anchors(t, batch, layers, jax.random.key(1),
+                                            cfg.num_anchors)
     logits, p_target, conf_logit, _, valid = block_outputs(model, t, out, batch, anchors,
                                                            real, bs)
     accept = 1.0 - 0.5 * jnp.abs(jax.nn.softmax(logits, -1) - p_target).sum(-1)
@@ -219,24 +187,3 @@ def calibrate(cfg, graphdef, target, layers, params, batches) -> dict:
   return {"temperatures": temps, "ece_before": mean(before), "ece_after": mean(after),
           "ece_before_per_position": before, "ece_after_per_position": after,
           "num_blocks": int(valid[:, 0].sum())}
-
-
-def load_dspark(run_dir: str, target, num_drafts: int, name: str = "dspark"):
-  """(graphdef, params, feature layers, calibration temperatures) of a trained DSpark."""
-  folder = run_dir_lib.require_model_dir(run_dir, name)
-  cfg = run_dir_lib.load_config(folder)
-  if num_drafts < 1:
-    raise SpecjaxError(f"DSpark needs at least one draft, got {num_drafts}")
-  if num_drafts > cfg.block_size:
-    raise SpecjaxError(f"{num_drafts} drafts but {name} was trained with block_size="
-                       f"{cfg.block_size}; lower --config.block_size (DSpark drafts "
-                       "block_size - 1) or retrain")
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target.model_cfg,
-                                                                    nnx.Rngs(0))), nnx.Param)
-  params = run_dir_lib.restore_params(folder, abstract)
-  temps = ()
-  path = os.path.join(folder, CALIBRATION)
-  if os.path.exists(path):
-    with open(path) as f:
-      temps = tuple(float(t) for t in json.load(f)["temperatures"])
-  return graphdef, params, feature_layers(cfg, target.model_cfg.num_layers), temps
