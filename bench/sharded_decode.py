@@ -81,8 +81,8 @@ def main(argv=None):
   lens = np.full((args.batch,), 32, np.int32)
   print(f"target: {where}; batch {args.batch}, {args.new_tokens} new tokens, random DFlash "
         "drafter (7 drafts); fake CPU devices share the cores")
-  print(f"{'devices':>7s} {'mesh':>14s} {'method':>7s} {'tok/s':>8s} {'vs 1':>6s}  "
-        "collectives per loop step")
+  print(f"{'devices':>7s} {'data x tensor':>13s} {'method':>7s} {'tok/s':>8s} {'vs 1':>6s}  "
+        "collectives in the loop body (all its branches)")
   base = {}
   for n in [int(d) for d in args.devices.split(",")]:
     shape = {"data": 1, "tensor": 1} if n == 1 else {"data": max(1, n // 4), "tensor": min(n, 4)}
@@ -109,7 +109,8 @@ def main(argv=None):
       base.setdefault(method, tps)
       counts = loop_collectives(hlo)
       shown = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
-      print(f"{n:7d} {str(shape):>14s} {method:>7s} {tps:8.1f} {tps / base[method]:5.2f}x  "
+      mesh = f"{shape['data']} x {shape['tensor']}"
+      print(f"{n:7d} {mesh:>13s} {method:>7s} {tps:8.1f} {tps / base[method]:5.2f}x  "
             f"{shown}", flush=True)
 
 

@@ -1,4 +1,4 @@
-"""DSpark against a Qwen3-8B-shaped target: 5 layers, block 7, Markov rank 256, 512 anchors (DeepSpec's recipe); bfloat16.
+"""DSpark against a Qwen3-8B-shaped target: 5 layers, block 7, Markov rank 256 (DeepSpec's shape); bfloat16.
 
 Trains against runs/qwen3_8b/target (import it: python -m specjax.interop import-hf <checkpoint
 dir> runs/qwen3_8b) on its regenerated continuations. `target_model` is the target's shape, so

@@ -52,14 +52,14 @@ def target_config(name: str, tensor: int) -> ml_collections.ConfigDict:
   c.run_dir = f"runs/{name}"
   c.model = target_model(name)
   c.data.vocab_size = TARGETS[name]["vocab_size"]
-  c.batch_size = 64
-  c.seq_len = 4096
+  c.batch_size = 8  # per step; the plan shows what it costs (no rematerialisation here)
+  c.seq_len = 2048
   c.learning_rate = 3e-4
   c.mesh_shape = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": tensor})
   return c
 
 
-# Published drafter recipes (SPEC sections 5.3-5.5): 5 layers at the target's width, block 16
+# Published drafter shapes (SPEC sections 5.3-5.5): 5 layers at the target's width, block 16
 # (DFlash), 7 (DSpark), 8 (DFlash 2); features from 5 target layers spread over 1..L-3.
 DRAFTERS = {
     "dflash": dict(block_size=16, gamma=7.0),
@@ -85,9 +85,11 @@ def drafter_config(method: str, target: str, tensor: int) -> ml_collections.Conf
   c.final_logit_softcapping = 0.0
   c.embedding_scale = 1.0
   c.update(DRAFTERS[method])
-  c.num_anchors = 512 if method == "dspark" else 256
-  c.batch_size = 64
-  c.seq_len = 4096
+  # sized for one v5e-8 (the plan: python train.py --config=... --config.plan=true); the
+  # published runs use far larger batches (DeepSpec: 512 sequences x 512 anchors)
+  c.num_anchors = 64
+  c.batch_size = 8
+  c.seq_len = 2048
   c.learning_rate = 6e-4
   c.num_steps = 20_000
   c.regen = ml_collections.ConfigDict(
