@@ -18,6 +18,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Decode config (config
 
 def decode(cfg):
   from specjax import evaluate
+  if cfg.plan:
+    from specjax import plan
+    plan.run(cfg, "decode", evaluate.parse_methods(cfg.methods))
+    return
   evaluate.main(cfg)
 
 

@@ -15,6 +15,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config (conf
 
 
 def train(cfg):
+  if cfg.get("plan", False):
+    from specjax import plan
+    plan.run(cfg, "train")
+    return
   from specjax.training import registry
   registry.train(cfg)
 

@@ -33,6 +33,20 @@ def get_config():
   c.schedule_threshold = 0.5  # threshold schedule: verify drafts whose survival stays >= this
   c.cache_len = 512  # positions per row: prompt + max_new_tokens + K + 1 must fit
   c.seed = 0
+  # Decode over a device mesh, with training's logical-axis rules (empty = specjax.sharding.
+  # DEFAULT_RULES): rows over data, heads / MLP / vocabulary over tensor. Empty = one device.
+  # e.g. --config.mesh_shape.data=2 --config.mesh_shape.tensor=4 (8 devices).
+  c.mesh_shape = ml_collections.ConfigDict({"data": 1, "tensor": 1})
+  c.logical_axis_rules = ()
+  # --config.plan=true: print per-device parameter, KV cache and activation bytes for these
+  # methods at batch_size and cache_len on the mesh (plan_devices devices, 0 = this machine's)
+  # and whether they fit device_memory_gib; allocates nothing. Shapes come from run_dir, or
+  # from target_config / drafter_config (training config files) when set.
+  c.plan = False
+  c.plan_devices = 0
+  c.device_memory_gib = 0.0
+  c.target_config = ""
+  c.drafter_config = ""
   c.timing_repeats = 2  # timed passes over all prompts per method; the fastest is reported
   c.output_json = ""  # empty = run_dir/decode/t<temperature>.json
   c.plot = True

@@ -31,6 +31,12 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.save_every = 100
   c.keep_checkpoints = 3
   c.data = data_defaults()
+  # --config.plan=true: print per-device memory (parameters, optimizer, gradients,
+  # activations) for this config on its mesh of plan_devices devices (0 = this machine's),
+  # and whether it fits device_memory_gib (0 = no check); allocates nothing, then exits
+  c.plan = False
+  c.plan_devices = 0
+  c.device_memory_gib = 0.0
   return c
 
 

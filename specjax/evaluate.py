@@ -7,6 +7,7 @@ acceptance beside it, and prints one table.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -15,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from specjax import accounting, costs
+from specjax import accounting, costs, sharding
 from specjax import run_dir as run_dir_lib
 from specjax.data import prompts as prompts_lib
 from specjax.data import tokenizer as tokenizer_lib
@@ -55,17 +56,23 @@ def lookahead(method: str, cfg) -> int:
   return registry.num_drafts(method, cfg)
 
 
-def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int):
-  """(decoder, drafter, drafter params); AR has no drafter."""
+def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int,
+                 layout=None):
+  """(decoder, drafter, drafter params); AR has no drafter. With a sharding.Layout the loop
+  runs over its mesh and the drafter's parameters are placed on it."""
   if method == "ar":
-    return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id), None, None
+    return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
+                     layout=layout), None, None
   drafter, params = registry.build(method, cfg, target)
+  if layout is not None:
+    params = layout.params(params)
   decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
-                               drafter=drafter)
+                               layout=layout, drafter=drafter)
   return decoder, drafter, params
 
 
-def run_batches(call, batches, rng, repeats: int = 2) -> tuple[list[DecodeResult], float]:
+def run_batches(call, batches, rng, repeats: int = 2,
+                gather=jax.device_get) -> tuple[list[DecodeResult], float]:
   """Runs every batch after one warm-up call (compilation) and returns the results and the
   fastest of `repeats` timed passes: the first pass of a process runs cold, and noise only
   ever adds time. Outputs are identical across passes (same keys)."""
@@ -78,7 +85,7 @@ def run_batches(call, batches, rng, repeats: int = 2) -> tuple[list[DecodeResult
       results.append(call(tokens, lens, jax.random.fold_in(rng, i)))
     jax.block_until_ready(results)
     walls.append(time.perf_counter() - t0)
-  return [jax.device_get(r) for r in results], min(walls)
+  return [gather(r) for r in results], min(walls)
 
 
 def summarize(method, results, wall, batch_sizes, eos_id, k):
@@ -131,7 +138,11 @@ class Harness:
     if cfg.batch_size < 1:
       raise SpecjaxError(f"batch_size must be >= 1, got {cfg.batch_size}")
     self.sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
+    self.layout = sharding.decode_layout(cfg)
     self.target = run_dir_lib.load_target(cfg.run_dir)
+    if self.layout is not None:
+      self.target = dataclasses.replace(self.target,
+                                        params=self.layout.params(self.target.params))
     self.tok = run_dir_lib.load_tokenizer(cfg.run_dir)
     self.special = run_dir_lib.load_special_ids(cfg.run_dir)
     self.texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
@@ -146,12 +157,17 @@ class Harness:
     sampler, target = self.sampler, self.target
     batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
     eos_id = self.special.eos_ids or self.special.eos_id  # stop on any EOS the model names
-    decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len, eos_id)
+    decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len, eos_id,
+                                             self.layout)
+    if self.layout is not None:
+      batches = [(self.layout.rows(t), self.layout.rows(l)) for t, l in batches]
     if drafter is None:
       call = lambda t, l, r: decoder(target.params, t, l, r)
     else:
       call = lambda t, l, r: decoder(target.params, dparams, t, l, r)
-    results, wall = run_batches(call, batches, jax.random.key(cfg.seed), cfg.timing_repeats)
+    gather = jax.device_get if self.layout is None else self.layout.gather
+    results, wall = run_batches(call, batches, jax.random.key(cfg.seed), cfg.timing_repeats,
+                                gather)
     k = lookahead(method, cfg)
     outputs, metrics = summarize(method, results, wall, batch_sizes, eos_id, k)
     if method == "ar":
@@ -298,6 +314,8 @@ def output_path(cfg) -> str:
 
 def main(cfg):
   report = evaluate(cfg)
+  if jax.process_index() != 0:  # every process decodes its rows; one writes the report
+    return report
   path = output_path(cfg)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w") as f:

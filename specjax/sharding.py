@@ -7,6 +7,7 @@ with -1 filling the remaining devices. Everything is placed by `jax.jit` in/out 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -132,3 +133,76 @@ def maybe_initialize_distributed():
     multi = False
   if multi and not jax.distributed.is_initialized():
     jax.distributed.initialize()
+
+
+KV_LEAVES = ("k_BxSxKxH", "v_BxSxKxH")  # models.kv_cache.LayerKV: [batch, seq, kv_heads, dim]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a decode run's arrays live: a mesh and the logical-axis rules (training's). Rows go
+  over the batch axes, parameters by their logical names (heads, MLP and vocabulary over
+  `tensor`), KV caches over batch and kv_heads. Hashable: the decode loops hold it as a static
+  field and constrain their carried state with it, so the loop runs under this sharding."""
+
+  mesh: Mesh
+  rules: tuple = DEFAULT_RULES
+
+  def sharding(self, logical, shape) -> NamedSharding:
+    return NamedSharding(self.mesh, logical_to_mesh(logical, self.rules, self.mesh, shape))
+
+  def params(self, state):
+    """Parameters placed by their logical axis names (replicated where a size does not
+    divide, with a warning)."""
+    return jax.device_put(state, state_shardings(state, self.mesh, self.rules))
+
+  def rows(self, x):
+    """A host array of whole rows ([B, ...], the same on every process) as a global array
+    split over the batch axes; each process feeds only the rows its devices hold."""
+    x = np.asarray(x)
+    sharding = self.sharding(("batch",) + (None,) * (x.ndim - 1), x.shape)
+    if jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    index = sharding.addressable_devices_indices_map(x.shape)
+    starts = sorted({(sl[0].start or 0, sl[0].stop or x.shape[0]) for sl in index.values()})
+    local = np.concatenate([x[a:b] for a, b in starts])
+    return jax.make_array_from_process_local_data(sharding, local, x.shape)
+
+  def gather(self, tree):
+    """Host copies of (possibly multi-process) global arrays."""
+    if jax.process_count() == 1:
+      return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+  def constrain(self, tree, batch: int):
+    """Pins the layout of a decode loop's state (inside jit): KV caches over batch and
+    kv_heads, per-row arrays (leading axis `batch`) over the batch axes, the rest replicated."""
+
+    def one(path, x):
+      if not hasattr(x, "ndim") or x.ndim == 0 or jax.dtypes.issubdtype(x.dtype,
+                                                                        jax.dtypes.prng_key):
+        return x
+      name = getattr(path[-1], "name", None) if path else None
+      if name in KV_LEAVES and x.ndim == 4:
+        logical = ("batch", None, "kv_heads", None)
+      elif x.shape[0] == batch:
+        logical = ("batch",) + (None,) * (x.ndim - 1)
+      else:
+        logical = (None,) * x.ndim
+      return jax.lax.with_sharding_constraint(x, self.sharding(logical, x.shape))
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def decode_layout(cfg) -> Layout | None:
+  """The decode config's mesh (`mesh_shape`, `logical_axis_rules`), or None for one device
+  (an empty mesh_shape, or a mesh of one device)."""
+  shape = cfg.get("mesh_shape")
+  shape = shape.to_dict() if hasattr(shape, "to_dict") else dict(shape or {})
+  if not shape:
+    return None
+  mesh = make_mesh(shape)
+  if mesh.size == 1:
+    return None
+  return Layout(mesh, rules_from_config(cfg.get("logical_axis_rules")))

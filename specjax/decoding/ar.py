@@ -20,7 +20,8 @@ class ARDecoder(DecodeLoop):
     target = nnx.merge(self.graphdef, params)
     cache, _, rng, first_B, out, count, done, max_new_B = self.start(target, tokens_BxP, lens_B,
                                                                      rng)
-    state = LoopState(cache, first_B, out, count, done, rng, jnp.int32(1), jnp.zeros_like(count))
+    state = self.shard(LoopState(cache, first_B, out, count, done, rng, jnp.int32(1),
+                                 jnp.zeros_like(count)))
 
     def body(s: LoopState) -> LoopState:
       step_out = target(s.pending_B[:, None], cache=s.cache)
@@ -30,8 +31,8 @@ class ARDecoder(DecodeLoop):
       out, count, done = commit_tokens(s.out_BxN, s.count_B, s.done_B, next_B[:, None],
                                        jnp.ones_like(s.count_B), max_new_B, self.eos_id)
       cache = step_out.cache.rollback(jnp.where(active, s.cache.end_B + 1, s.cache.end_B))
-      return LoopState(cache, jnp.where(active, next_B, s.pending_B), out, count, done, rng,
-                     s.target_calls + 1, s.steps_B + active)
+      return self.shard(LoopState(cache, jnp.where(active, next_B, s.pending_B), out, count,
+                                  done, rng, s.target_calls + 1, s.steps_B + active))
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
     return self.result(final, jnp.stack([final.steps_B.sum()]))

@@ -113,6 +113,13 @@ class DecodeLoop:
   cache_len: int
   eos_id: int | tuple[int, ...]  # decoding stops on any of them
   keep_cache: bool = False  # return the final target cache (tests inspect it)
+  layout: object = None  # sharding.Layout: run the loop over a mesh (None: one device)
+
+  def shard(self, state):
+    """The loop state under the layout's shardings (unchanged on one device)."""
+    if self.layout is None:
+      return state
+    return self.layout.constrain(state, state.pending_B.shape[0])
 
   @property
   def lookahead(self) -> int:

@@ -64,6 +64,7 @@ class SpeculativeDecoder(DecodeLoop):
                       budget_counts=jnp.zeros((k + 1,), jnp.int32),
                       width_counts=jnp.zeros((k + 1,), jnp.int32),
                       draft_stats=drafter.step_statistics(draft_state, jnp.zeros((b,), bool)))
+    state = self.shard(state)
     budgeted = drafter.verify_widths is not None
 
     def body(s: SpecState) -> SpecState:
@@ -110,15 +111,16 @@ class SpeculativeDecoder(DecodeLoop):
       position_counts = s.position_counts + jnp.stack([reached.sum(0), accepted.sum(0)])
       budget_hist = (jax.nn.one_hot(limit_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
       stats = jax.tree.map(jnp.add, s.draft_stats, drafter.step_statistics(draft_state, active))
-      return SpecState(cache=verify_out.cache.rollback(end_B + n_B),
-                       pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
-                       count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
-                       steps_B=s.steps_B + active, draft_state=draft_state, seq_BxS=seq,
-                       accept_counts=s.accept_counts + hist, position_counts=position_counts,
-                       budget_counts=s.budget_counts + budget_hist,
-                       width_counts=s.width_counts + jax.nn.one_hot(width, k + 1,
-                                                                    dtype=jnp.int32),
-                       draft_stats=stats)
+      new = SpecState(cache=verify_out.cache.rollback(end_B + n_B),
+                      pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
+                      count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
+                      steps_B=s.steps_B + active, draft_state=draft_state, seq_BxS=seq,
+                      accept_counts=s.accept_counts + hist, position_counts=position_counts,
+                      budget_counts=s.budget_counts + budget_hist,
+                      width_counts=s.width_counts + jax.nn.one_hot(width, k + 1,
+                                                                   dtype=jnp.int32),
+                      draft_stats=stats)
+      return self.shard(new)
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
     return self.result(final, final.accept_counts).replace(
