@@ -39,12 +39,7 @@ def decode_config(run_dir: str, temperature: float, num_prompts: int, max_new_to
 
 def load_config(name):
   """configs/<name>'s get_config()."""
-  import importlib.util
-  path = os.path.join(ROOT, "configs", name)
-  spec = importlib.util.spec_from_file_location(name[:-3], path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
+  return config_base.load_config_file(os.path.join(ROOT, "configs", name))
 
 
 def prepare(source, run):

@@ -8,8 +8,9 @@ predicted speedup over AR (the faster of the AR runs before and after). Then how
 target's token is the drafter's top-1 against how often it is among its top-K candidates, on
 the held-out regenerated blocks (the DFlash 2 paper: 85% against 99.5% for K = 16).
 
-Uses run_dir/dflash and run_dir/dflash2 when they exist (the main job trains both, 300 steps
-each); otherwise trains them there with --steps.
+Uses run_dir/dflash and run_dir/dflash2 as they are when they exist (the main job trains both
+the same way: block 8, gamma 4, 200 steps, the same regenerated data); a missing one is
+trained there that way (--steps), an existing one is never trained further.
 
   python bench/dflash2.py --run_dir=runs/tiny [--batches=1,4] [--temperatures=1,0]
 """
@@ -42,7 +43,7 @@ def validation_topk(run_dir: str) -> dict:
 def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument("--run_dir", default="runs/tiny")
-  p.add_argument("--steps", type=int, default=300, help="training steps when not trained yet")
+  p.add_argument("--steps", type=int, default=200, help="training steps when not trained yet")
   p.add_argument("--batches", default="1,4")
   p.add_argument("--temperatures", default="1.0,0.0")
   p.add_argument("--num_prompts", type=int, default=16)
@@ -52,8 +53,9 @@ def main(argv=None):
   p.add_argument("--out", default="", help="JSON path (default run_dir/decode/dflash2_bench.json)")
   args = p.parse_args(argv)
   run = args.run_dir
-  common.train("dflash_tiny.py", run, args.steps)
-  common.train("dflash2_tiny.py", run, args.steps)
+  for method in ("dflash", "dflash2"):
+    if not os.path.isdir(os.path.join(run, method, "checkpoints")):
+      common.train(f"{method}_tiny.py", run, args.steps, block_size=args.block_size, gamma=4.0)
 
   rows = []
   for temp in [float(t) for t in args.temperatures.split(",")]:
@@ -90,7 +92,7 @@ def main(argv=None):
             f"over DFlash ({tau['dflash2_no_selector'] / tau['dflash'] - 1:+.1%} without the "
             "selector)")
   val = validation_topk(run)
-  print(f"held-out blocks (step {val['step']}): target token is the top-1 {val['top1']:.1%}, "
+  print(f"DFlash 2 held-out blocks (step {val['step']}): target token is the top-1 {val['top1']:.1%}, "
         f"among the top-K {val['topk']:.1%}; teacher-forced block tau {val['block_tau']:.2f} "
         f"with the selector, {val['block_tau_unary']:.2f} with the top-1")
   out = args.out or os.path.join(run, "decode", "dflash2_bench.json")

@@ -9,20 +9,14 @@ drafter logits) + selector_weight * the selector's top-K cross-entropy on the ta
 Export: python -m specjax.interop export-dflash2 runs/tiny OUT_DIR (needs mask_token_id >= 0).
 """
 
-import importlib.util
 import os
 
-
-def _dflash_config():
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dflash_tiny.py")
-  spec = importlib.util.spec_from_file_location("dflash_tiny", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from specjax import config_base
 
 
 def get_config():
-  c = _dflash_config()
+  c = config_base.load_config_file(
+      os.path.join(os.path.dirname(os.path.abspath(__file__)), "dflash_tiny.py"))
   c.method = "dflash2"
   c.block_size = 8
   c.gamma = 4.0

@@ -91,3 +91,18 @@ def block_drafter_defaults() -> ml_collections.ConfigDict:
   c.learning_rate = 2e-3
   c.warmup_steps = 0.04
   return c
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+  """get_config() of a config file given by path (configs/*.py), as --config=PATH loads it."""
+  import importlib.util
+  import os
+
+  from specjax.errors import SpecjaxError
+  if not os.path.exists(path):
+    raise SpecjaxError(f"config file {path} does not exist")
+  spec = importlib.util.spec_from_file_location(
+      os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import config_base
 from specjax import run_dir as run_dir_lib
 from specjax import sharding
 from specjax.errors import SpecjaxError
@@ -91,7 +92,7 @@ def target_model_config(cfg):
   if cfg.get("method", "target") == "target" and "model" in cfg:
     return run_dir_lib.transformer_config(cfg.model, int(cfg.data.vocab_size))
   if cfg.get("target_config", ""):  # decode.py: a target training config file
-    return target_model_config(load_config_file(cfg.target_config))
+    return target_model_config(config_base.load_config_file(cfg.target_config))
   folder = run_dir_lib.model_dir(cfg.run_dir, "target")
   if cfg.get("target_model") is not None:
     return run_dir_lib.transformer_config(cfg.target_model, int(cfg.target_vocab_size))
@@ -212,19 +213,8 @@ def drafter_config(cfg, method: str):
   """A drafter's training config: run_dir/<method>/config.json, or --config.drafter_config."""
   path = cfg.get("drafter_config", "")
   if path:
-    return load_config_file(path)
+    return config_base.load_config_file(path)
   return run_dir_lib.load_config(run_dir_lib.require_model_dir(cfg.run_dir, method))
-
-
-def load_config_file(path: str):
-  import importlib.util
-  import os
-  if not os.path.exists(path):
-    raise SpecjaxError(f"config file {path} does not exist")
-  spec = importlib.util.spec_from_file_location("planned_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def format_plan(rows, mesh, device_memory_gib: float) -> str:

@@ -7,7 +7,6 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import importlib.util
 import shutil
 import sys
 
@@ -24,11 +23,8 @@ from specjax.data import python_source  # noqa: E402
 
 
 def load_config(name):
-  path = os.path.join(ROOT, "configs", name)
-  spec = importlib.util.spec_from_file_location(name[:-3], path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
+  from specjax import config_base
+  return config_base.load_config_file(os.path.join(ROOT, "configs", name))
 
 
 @pytest.fixture(scope="session")
@@ -93,6 +89,20 @@ def template_corpus_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("tfds"))
+
+
+def train_block_drafter(tiny_run, name, run, corpus_dir, tfds_dir, regen_sequences=128,
+                        **overrides):
+  """Trains configs/<name> (DFlash, DFlash 2 or DSpark) into `run`, given a copy of tiny_run's
+  target, on short regenerated continuations (8-token prompts, 24 new tokens). Returns run."""
+  from specjax.training import registry
+  shutil.copytree(os.path.join(tiny_run, "target"), os.path.join(run, "target"))
+  cfg = tiny_train_config(name, run, corpus_dir, tfds_dir, learning_rate=3e-3, num_anchors=8,
+                          **overrides)
+  cfg.regen.update(dict(num_sequences=regen_sequences, num_validation=16, prompt_len=8,
+                        new_tokens=24, batch_size=32))
+  registry.train(cfg)
+  return str(run)
 
 
 @pytest.fixture(scope="session")

@@ -3,20 +3,18 @@ lowers validation loss and raises block acceptance."""
 
 import json
 import os
-import shutil
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_train_config
+from conftest import train_block_drafter
 from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.models import default_feature_layers
 from specjax.training import dflash as dflash_training
-from specjax.training import registry
 
 VOCAB = 61
 LAYERS = (1, 2)
@@ -98,15 +96,9 @@ def test_block_labels_and_weights():
 
 @pytest.fixture(scope="module")
 def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
-  run = tmp_path_factory.mktemp("dflash_run")
-  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
-  cfg = tiny_train_config("dflash_tiny.py", run, template_corpus_dir, tfds_dir,
-                          num_steps=120, log_every=20, eval_every=120, save_every=120,
-                          learning_rate=3e-3, block_size=8, gamma=4.0, num_anchors=8)
-  cfg.regen.update(dict(num_sequences=128, num_validation=16, prompt_len=8, new_tokens=24,
-                        batch_size=32))
-  registry.train(cfg)
-  return str(run)
+  return train_block_drafter(tiny_run, "dflash_tiny.py", tmp_path_factory.mktemp("dflash_run"),
+                             template_corpus_dir, tfds_dir, num_steps=120, log_every=20,
+                             eval_every=120, save_every=120, block_size=8, gamma=4.0)
 
 
 def test_training_lowers_val_loss_and_raises_block_acceptance(trained):

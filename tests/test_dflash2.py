@@ -4,7 +4,6 @@ import -> export round trips."""
 
 import json
 import os
-import types
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,6 @@ import torch
 from flax import nnx
 
 from decoding_helpers import random_prompts, run_ar, run_spec, tiny_model, to_lists
-from specjax import run_dir as run_dir_lib
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
 from specjax.interop import zlab
@@ -115,7 +113,7 @@ def test_conv_stays_inside_each_block(setup):
 # ---- Z Lab's reference DFlash2DraftModel (torch, CPU) ----
 
 dflash_model = pytest.importorskip("dflash.model")
-from zlab_models import IDS, TARGET_LAYERS, save_target_run, zlab_drafter  # noqa: E402
+from zlab_models import block_passes, save_target_run, zlab_drafter  # noqa: E402
 
 ZVOCAB = 320
 SELECTOR = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=16,
@@ -133,36 +131,9 @@ def imported(tmp_path_factory):
 
 
 def both_passes(imported):
-  """(ours: model, target, hidden, logits, pending; reference: hidden, logits, head)."""
+  """(ours: model, hidden, logits, pending; reference: hidden, logits, head)."""
   model, _, run, target = imported
-  cfg = run_dir_lib.load_config(os.path.join(run, "dflash2"))
-  assert cfg.method == "dflash2" and list(cfg.feature_layers) == [i + 1 for i in IDS]
-  graphdef, params, layers = run_dir_lib.load_dflash2(
-      run, types.SimpleNamespace(model_cfg=target.cfg), cfg.block_size)
-  drafter = nnx.merge(graphdef, params)
-  bs, t = cfg.block_size, 9
-  tokens = jax.random.randint(jax.random.key(1), (2, t), 1, ZVOCAB - 1)
-  pending = jnp.array([[5], [7]])
-  out = target(tokens, feature_layers=tuple(range(TARGET_LAYERS + 1)))
-  positions = jnp.broadcast_to(jnp.arange(t), (2, t))
-  ctx_kv = drafter.context_kv(drafter.project(tuple(out.features[l] for l in layers)),
-                              positions)
-  x = drafter.block_inputs(target, pending, bs)
-  hidden = drafter(x, positions[:, :bs] + t, ctx_kv, jnp.ones((2, bs, t + bs), bool))[:, 1:]
-  logits = drafter.draft_logits(target, hidden)
-
-  hidden_states = [torch.tensor(np.asarray(f)) for f in out.features]
-  embedding = torch.tensor(np.asarray(target.embedding[...]))
-  block_ids = torch.cat([torch.from_numpy(np.array(pending)),
-                         torch.full((2, bs - 1), model.mask_token_id)], dim=1)
-  head = lambda h: h @ embedding.T  # noqa: E731
-  with torch.no_grad():
-    ref_hidden = model(
-        target_hidden=dflash_model.extract_context_feature(hidden_states, model.target_layer_ids),
-        noise_embedding=torch.nn.functional.embedding(block_ids, embedding),
-        position_ids=torch.arange(t + bs)[None].expand(2, -1))[:, 1:]
-    ref_logits = model.compute_logits(ref_hidden, head)
-  return (drafter, hidden, logits, pending[:, 0]), (ref_hidden, ref_logits, head)
+  return block_passes(model, run, "dflash2", target, ZVOCAB)
 
 
 def test_hidden_logits_and_paths_equal_reference(imported):
@@ -235,19 +206,11 @@ def test_import_then_export_is_exact(imported, tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
-  import shutil
-
-  from conftest import tiny_train_config
-  from specjax.training import registry
-  run = tmp_path_factory.mktemp("dflash2_run")
-  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
-  cfg = tiny_train_config("dflash2_tiny.py", run, template_corpus_dir, tfds_dir,
-                          num_steps=80, log_every=20, eval_every=80, save_every=80,
-                          learning_rate=3e-3, block_size=4, num_anchors=8, selector_rank=16)
-  cfg.regen.update(dict(num_sequences=96, num_validation=16, prompt_len=8, new_tokens=24,
-                        batch_size=32))
-  registry.train(cfg)
-  return str(run)
+  from conftest import train_block_drafter
+  return train_block_drafter(tiny_run, "dflash2_tiny.py", tmp_path_factory.mktemp("dflash2_run"),
+                             template_corpus_dir, tfds_dir, regen_sequences=96, num_steps=80,
+                             log_every=20, eval_every=80, save_every=80, block_size=4,
+                             selector_rank=16)
 
 
 def test_training_lowers_selector_loss_and_raises_block_acceptance(trained):

@@ -7,7 +7,6 @@ acceptance."""
 import dataclasses
 import json
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -15,13 +14,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import tiny_train_config
+from conftest import train_block_drafter
 from decoding_helpers import random_prompts, run_ar, run_spec, tiny_model, to_lists
 from specjax.decoding import schedule
 from specjax.drafters.dspark import DSparkDrafter, DSparkModel, markov_walk
 from specjax.errors import SpecjaxError
 from specjax.sampling import Sampler
-from specjax.training import registry
 
 VOCAB = 61
 LAYERS = (1, 2)
@@ -174,14 +172,9 @@ def test_walk_equals_stepwise_reference(setup):
 
 
 def train_variant(tiny_run, corpus, tfds_dir, root, markov_rank):
-  run = root / f"rank{markov_rank}"
-  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
-  cfg = tiny_train_config("dspark_tiny.py", run, corpus, tfds_dir, num_steps=100,
-                          log_every=50, eval_every=50, save_every=100, learning_rate=3e-3,
-                          block_size=6, gamma=4.0, num_anchors=8, markov_rank=markov_rank)
-  cfg.regen.update(dict(num_sequences=128, num_validation=16, prompt_len=8, new_tokens=24,
-                        batch_size=32))
-  registry.train(cfg)
+  run = train_block_drafter(tiny_run, "dspark_tiny.py", root / f"rank{markov_rank}", corpus,
+                            tfds_dir, num_steps=100, log_every=50, eval_every=50,
+                            save_every=100, block_size=6, gamma=4.0, markov_rank=markov_rank)
   with open(os.path.join(run, "dspark", "metrics.jsonl")) as f:
     return str(run), [json.loads(l) for l in f if '"val_loss"' in l]
 

@@ -4,14 +4,10 @@ round trips are exact, and greedy speculative decoding matches `dflash_generate`
 import json
 import os
 import shutil
-import types
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from flax import nnx
 
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
@@ -20,7 +16,8 @@ from specjax.interop.safetensors_io import open_tensors
 
 dflash_model = pytest.importorskip("dflash.model")
 
-from zlab_models import IDS, TARGET_LAYERS, VOCAB, save_target_run, zlab_drafter  # noqa: E402
+from zlab_models import (IDS, VOCAB, block_passes, save_target_run,  # noqa: E402
+                         zlab_drafter)
 
 
 @pytest.fixture(scope="module")
@@ -36,35 +33,8 @@ def imported(tiny_run, tmp_path_factory):
 
 def test_imported_drafter_logits_equal_reference(imported):
   model, _, run, target = imported
-  cfg = run_dir_lib.load_config(os.path.join(run, "dflash"))
-  assert list(cfg.feature_layers) == [i + 1 for i in IDS]
-  graphdef, params, layers = run_dir_lib.load_dflash(
-      run, types.SimpleNamespace(model_cfg=target.cfg), cfg.block_size)
-  drafter = nnx.merge(graphdef, params)
-  bs, t = cfg.block_size, 9
-  tokens = jax.random.randint(jax.random.key(1), (2, t), 1, VOCAB - 1)
-  pending = jnp.array([[5], [7]])
-  out = target(tokens, feature_layers=tuple(range(TARGET_LAYERS + 1)))
-
-  # specjax: context K/V of positions 0..t-1, block [pending, MASK x (bs-1)] at t..t+bs-1
-  positions = jnp.broadcast_to(jnp.arange(t), (2, t))
-  ctx_kv = drafter.context_kv(drafter.project(tuple(out.features[l] for l in layers)),
-                              positions)
-  x = drafter.block_inputs(target, pending, bs)
-  hidden = drafter(x, positions[:, :bs] + t, ctx_kv, jnp.ones((2, bs, t + bs), bool))
-  ours = np.asarray(drafter.draft_logits(target, hidden[:, 1:]))
-
-  # reference: HF hidden_states[i] = specjax feature layer i
-  hidden_states = [torch.tensor(np.asarray(f)) for f in out.features]
-  embedding = torch.tensor(np.asarray(target.embedding[...]))
-  block_ids = torch.cat([torch.from_numpy(np.asarray(pending)),
-                         torch.full((2, bs - 1), model.mask_token_id)], dim=1)
-  with torch.no_grad():
-    ref_hidden = model(
-        target_hidden=dflash_model.extract_context_feature(hidden_states, model.target_layer_ids),
-        noise_embedding=torch.nn.functional.embedding(block_ids, embedding),
-        position_ids=torch.arange(t + bs)[None].expand(2, -1))
-    ref = model.compute_logits(ref_hidden[:, 1:], lambda h: h @ embedding.T).numpy()
+  (_, _, logits, _), (_, ref_logits, _) = block_passes(model, run, "dflash", target, VOCAB)
+  ours, ref = np.asarray(logits), ref_logits.numpy()
   diff = float(np.abs(ours - ref).max())
   print(f"max drafter-logit difference vs reference: {diff:.2e}")
   assert diff < 1e-4, diff

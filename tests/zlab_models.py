@@ -74,3 +74,43 @@ def save_target_run(run_dir, tokenizer_json=None, num_layers=TARGET_LAYERS, seed
   ckpt.wait()
   ckpt.close()
   return nnx.merge(graphdef, params)
+
+
+def block_passes(model, run, method, target, vocab, t=9):
+  """Our imported drafter and the reference `model` on the same block [pending, MASK x (B-1)]
+  after a t-token context (the target's features from every layer). Returns
+  ((drafter, hidden [2, B-1, D], logits, pending [2]), (ref_hidden, ref_logits, head)):
+  hidden states and logits of the mask slots."""
+  import types
+
+  import numpy as np
+  from dflash import model as dflash_model
+  cfg = run_dir_lib.load_config(os.path.join(run, method))
+  assert cfg.method == method and list(cfg.feature_layers) == [i + 1 for i in IDS]
+  graphdef, params, layers = run_dir_lib.load_dflash(
+      run, types.SimpleNamespace(model_cfg=target.cfg), cfg.block_size, method)
+  drafter = nnx.merge(graphdef, params)
+  bs = cfg.block_size
+  tokens = jax.random.randint(jax.random.key(1), (2, t), 1, vocab - 1)
+  pending = jnp.array([[5], [7]])
+  out = target(tokens, feature_layers=tuple(range(TARGET_LAYERS + 1)))
+  # specjax: context K/V of positions 0..t-1, block at t..t+bs-1
+  positions = jnp.broadcast_to(jnp.arange(t), (2, t))
+  ctx_kv = drafter.context_kv(drafter.project(tuple(out.features[l] for l in layers)),
+                              positions)
+  x = drafter.block_inputs(target, pending, bs)
+  hidden = drafter(x, positions[:, :bs] + t, ctx_kv, jnp.ones((2, bs, t + bs), bool))[:, 1:]
+  logits = drafter.draft_logits(target, hidden)
+  # reference: HF hidden_states[i] = specjax feature layer i
+  hidden_states = [torch.tensor(np.asarray(f)) for f in out.features]
+  embedding = torch.tensor(np.asarray(target.embedding[...]))
+  block_ids = torch.cat([torch.from_numpy(np.array(pending)),
+                         torch.full((2, bs - 1), model.mask_token_id)], dim=1)
+  head = lambda h: h @ embedding.T  # noqa: E731
+  with torch.no_grad():
+    ref_hidden = model(
+        target_hidden=dflash_model.extract_context_feature(hidden_states, model.target_layer_ids),
+        noise_embedding=torch.nn.functional.embedding(block_ids, embedding),
+        position_ids=torch.arange(t + bs)[None].expand(2, -1))[:, 1:]
+    ref_logits = model.compute_logits(ref_hidden, head)
+  return (drafter, hidden, logits, pending[:, 0]), (ref_hidden, ref_logits, head)

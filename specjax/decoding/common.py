@@ -113,7 +113,9 @@ class DecodeLoop:
   cache_len: int
   eos_id: int | tuple[int, ...]  # decoding stops on any of them
   keep_cache: bool = False  # return the final target cache (tests inspect it)
-  layout: object = None  # sharding.Layout: run the loop over a mesh (None: one device)
+  # sharding.Layout: run the loop over a mesh (None: one device); keyword-only, so the
+  # positional fields of the loops that extend this one keep their places
+  layout: object = dataclasses.field(default=None, kw_only=True)
 
   def shard(self, state):
     """The loop state under the layout's shardings (unchanged on one device)."""
