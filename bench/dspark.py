@@ -1,14 +1,16 @@
 """DSpark against DFlash on one target, from one run: the same target, training steps and
 regenerated data for every variant.
 
-Trains into a scratch run directory (the target is copied from --source_run): DFlash, DSpark
-and DSpark without the Markov head (its own folder, same steps and data). Then, at T=1 and
+Uses --source_run's DFlash and DSpark as they are (the main job trains both, and DFlash 2, on
+equal terms: block 8, gamma 4, 200 steps, the same regenerated data); trains what is missing
+that way, and DSpark without the Markov head (markov_rank=0) into --out with a copy of the
+target and the same data. Then, at T=1 and
 T=0 and each batch size: tau, a_k, tokens/s, measured vs predicted speedup for
   dflash | dspark_no_markov (fixed) | dspark_fixed | dspark_load_aware,
 the Markov walk's cost per step, the cost of each compiled verify width, and a plot of the
 load-aware budget against batch size.
 
-  python bench/dspark.py --source_run=runs/tiny --out=/tmp/dspark_bench [--steps=150]
+  python bench/dspark.py --source_run=runs/tiny --out=/tmp/dspark_bench [--steps=200]
 """
 
 from __future__ import annotations
@@ -29,18 +31,21 @@ def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument("--source_run", default="runs/tiny")
   p.add_argument("--out", default="/tmp/dspark_bench")
-  p.add_argument("--steps", type=int, default=150)
+  p.add_argument("--steps", type=int, default=200, help="for models not trained yet")
   p.add_argument("--batches", default="1,4,8")
   p.add_argument("--temperatures", default="1.0,0.0")
   p.add_argument("--num_prompts", type=int, default=16)
   p.add_argument("--max_new_tokens", type=int, default=48)
   p.add_argument("--block_size", type=int, default=8)
   args = p.parse_args(argv)
-  main_run = common.prepare(args.source_run, os.path.join(args.out, "main"))
+  main_run = args.source_run
   plain_run = common.prepare(args.source_run, os.path.join(args.out, "no_markov"))
-  common.train("dflash_tiny.py", main_run, args.steps, block_size=args.block_size)
-  common.train("dspark_tiny.py", main_run, args.steps, block_size=args.block_size)
-  common.train("dspark_tiny.py", plain_run, args.steps, block_size=args.block_size, markov_rank=0)
+  same = dict(block_size=args.block_size, gamma=4.0)
+  for method in ("dflash", "dspark"):
+    if not os.path.isdir(os.path.join(main_run, method, "checkpoints")):
+      common.train(f"{method}_tiny.py", main_run, args.steps, **same)
+  if not os.path.isdir(os.path.join(plain_run, "dspark", "checkpoints")):
+    common.train("dspark_tiny.py", plain_run, args.steps, markov_rank=0, **same)
 
   variants = [("dflash", "dflash", main_run, "fixed"),
               ("dspark_no_markov", "dspark", plain_run, "fixed"),

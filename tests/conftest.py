@@ -1,5 +1,6 @@
 """Shared fixtures: 8 fake CPU devices, a tiny corpus, tiny configs and a tiny trained run."""
 
+import gc
 import os
 
 # Must precede the first jax import: sharding tests use an 8-device CPU mesh.
@@ -20,6 +21,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 jax.config.update("jax_default_matmul_precision", "float32")
 
 from specjax.data import python_source  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def free_compiled_programs():
+  """Drops every compiled program after each test module. XLA's CPU executables hold memory
+  maps until they are collected (a sharded 8-device decode loop holds ~270), and the whole
+  suite would otherwise pass the kernel's 65530-map limit and abort inside a compile."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 def load_config(name):
