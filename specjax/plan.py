@@ -35,18 +35,10 @@ GIB = 2**30
 
 
 def abstract_mesh(mesh_shape, devices: int):
-  """An AbstractMesh of the config's axes (one -1 axis fills `devices`)."""
+  """An AbstractMesh of the config's axes over `devices` (one -1 axis fills them)."""
   shape = mesh_shape.to_dict() if hasattr(mesh_shape, "to_dict") else dict(mesh_shape or {})
-  shape = shape or {"data": 1}
-  sizes = [int(v) for v in shape.values()]
-  if sizes.count(-1) > 1:
-    raise SpecjaxError(f"mesh_shape {shape}: at most one axis may be -1")
-  known = math.prod(s for s in sizes if s != -1)
-  if -1 in sizes:
-    if devices % known:
-      raise SpecjaxError(f"mesh_shape {shape} does not divide {devices} devices")
-    sizes[sizes.index(-1)] = devices // known
-  return jax.sharding.AbstractMesh(tuple(sizes), tuple(shape.keys()))
+  shape = sharding.resolve_mesh_shape(shape or {"data": 1}, devices)
+  return jax.sharding.AbstractMesh(tuple(shape.values()), tuple(shape))
 
 
 def shard_bytes(shape, dtype, spec, mesh) -> int:
@@ -82,6 +74,11 @@ def kv_bytes(num_layers, batch, length, kv_heads, head_dim, dtype, mesh, rules) 
 
 def _abstract(build):
   return nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))), nnx.Param)[1]
+
+
+def _abstract_target(target_cfg):
+  from specjax.models import Transformer
+  return _abstract(lambda r: Transformer(target_cfg, rngs=r))
 
 
 def target_model_config(cfg):
@@ -149,7 +146,7 @@ def _tensor(mesh) -> int:
 
 def _per_device_batch(batch: int, mesh) -> int:
   data = math.prod(mesh.shape.get(a, 1) for a in ("data", "fsdp"))
-  return -(-batch // data) if batch % data == 0 else batch  # replicated when it does not divide
+  return batch // data if batch % data == 0 else batch  # replicated when it does not divide
 
 
 def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
@@ -157,18 +154,16 @@ def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
   method = cfg.get("method", "target")
   b = _per_device_batch(int(cfg.batch_size), mesh)
   rows = []
+  target_bytes = state_bytes(_abstract_target(target_cfg), mesh, rules)
   if method == "target":
-    from specjax.models import Transformer
-    params = state_bytes(_abstract(lambda r: Transformer(target_cfg, rngs=r)), mesh, rules)
+    params = target_bytes
     rows.append(("parameters", params, "trainable"))
     acts = activation_bytes(target_cfg, b, int(cfg.seq_len), _tensor(mesh))
   else:
-    from specjax.models import Transformer
     abstract, _, tokens = drafter_model(method, cfg, target_cfg)
     params = state_bytes(abstract, mesh, rules)
-    frozen = state_bytes(_abstract(lambda r: Transformer(target_cfg, rngs=r)), mesh, rules)
     rows.append(("parameters", params, "trainable (the drafter)"))
-    rows.append(("frozen target", frozen, "forward only"))
+    rows.append(("frozen target", target_bytes, "forward only"))
     # the drafter's layers see `tokens` positions per sequence (all of them without anchors);
     # the frozen target's forward keeps one layer's activations at a time
     seq = int(cfg.seq_len) if tokens is None else tokens
@@ -183,11 +178,9 @@ def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
 
 def plan_decode(cfg, mesh, rules, methods, target_cfg=None) -> list[tuple[str, int, str]]:
   from specjax.drafters import registry
-  from specjax.models import Transformer
   target_cfg = target_cfg or target_model_config(cfg)
   b, s = int(cfg.batch_size), int(cfg.cache_len)
-  rows = [("target parameters", state_bytes(_abstract(lambda r: Transformer(target_cfg, rngs=r)),
-                                           mesh, rules), "")]
+  rows = [("target parameters", state_bytes(_abstract_target(target_cfg), mesh, rules), "")]
   rows.append(("target KV cache", kv_bytes(target_cfg.num_layers, b, s, target_cfg.num_kv_heads,
                                            target_cfg.head_dim, target_cfg.compute_dtype,
                                            mesh, rules), f"batch {b} x cache_len {s}"))

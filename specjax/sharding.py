@@ -36,26 +36,34 @@ DEFAULT_RULES = (
 _warned: set[str] = set()
 
 
-def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh over the devices; one axis may be -1 (fill with all remaining devices).
-  Without -1 the mesh may use fewer devices than there are (the first ones)."""
-  devices = list(jax.devices() if devices is None else devices)
+def resolve_mesh_shape(mesh_shape: Mapping[str, int], devices: int) -> dict[str, int]:
+  """The axis sizes of a mesh_shape over `devices` devices: one axis may be -1 (filled with
+  all remaining devices)."""
   names = tuple(mesh_shape.keys())
   sizes = [int(mesh_shape[n]) for n in names]
   if sizes.count(-1) > 1:
     raise SpecjaxError(f"mesh_shape {dict(mesh_shape)}: at most one axis may be -1")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
-    if len(devices) % known:
+    if devices % known:
       raise SpecjaxError(
-          f"mesh_shape {dict(mesh_shape)} does not divide {len(devices)} devices; "
+          f"mesh_shape {dict(mesh_shape)} does not divide {devices} devices; "
           "change --config.mesh_shape")
-    sizes[sizes.index(-1)] = len(devices) // known
+    sizes[sizes.index(-1)] = devices // known
+  return dict(zip(names, sizes))
+
+
+def make_mesh(mesh_shape: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A mesh over the devices; one axis may be -1 (fill with all remaining devices).
+  Without -1 the mesh may use fewer devices than there are (the first ones)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = resolve_mesh_shape(mesh_shape, len(devices))
+  names, sizes = tuple(shape), list(shape.values())
   if -1 not in [int(mesh_shape[n]) for n in names] and math.prod(sizes) < len(devices):
     devices = devices[:math.prod(sizes)]
   if math.prod(sizes) != len(devices):
     raise SpecjaxError(
-        f"mesh_shape {dict(zip(names, sizes))} needs {math.prod(sizes)} devices but "
+        f"mesh_shape {shape} needs {math.prod(sizes)} devices but "
         f"{len(devices)} are available; change --config.mesh_shape")
   grid = np.asarray(devices).reshape(sizes)
   return Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
