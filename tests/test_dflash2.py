@@ -74,16 +74,31 @@ def test_fresh_dflash2_equals_dflash(setup):
   np.testing.assert_array_equal(np.asarray(a.accept_counts), np.asarray(c.accept_counts))
 
 
+@pytest.mark.parametrize("use_selector", [True, False])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_dflash2_equals_ar(setup, batch):
+def test_greedy_dflash2_equals_ar(setup, batch, use_selector):
+  """With the selector, and without it (--config.selector=false: the unary logits)."""
   (g, p), _, (dg, dp) = setup
   dp = perturbed(dp, 11)
-  drafter = DFlash2Drafter(3, graphdef=dg, target_feature_layers=LAYERS)
+  drafter = DFlash2Drafter(3, graphdef=dg, target_feature_layers=LAYERS,
+                           use_selector=use_selector)
   prompts = random_prompts(4, VOCAB, seed=batch)
   for i in range(0, 4, batch):
     chunk = prompts[i:i + batch]
     assert to_lists(run_spec(g, p, drafter, dp, chunk, 20), 0) == \
         to_lists(run_ar(g, p, chunk, 20), 0)
+
+
+def test_selector_switch_changes_the_proposals(setup):
+  """The same checkpoint proposes differently with and without the (perturbed) selector."""
+  (g, p), _, (dg, dp) = setup
+  dp = perturbed(dp, 11)
+  prompts = random_prompts(4, VOCAB, seed=7)
+  counts = {}
+  for flag in (True, False):
+    drafter = DFlash2Drafter(3, graphdef=dg, target_feature_layers=LAYERS, use_selector=flag)
+    counts[flag] = np.asarray(run_spec(g, p, drafter, dp, prompts, 20).accept_counts)
+  assert (counts[True] != counts[False]).any()
 
 
 def test_conv_stays_inside_each_block(setup):
