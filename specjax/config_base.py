@@ -11,6 +11,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   c.run_dir = "runs/tiny"
   c.seed = 0
   c.num_steps = 1000
+  # > 0: train for this many seconds of training steps instead; num_steps is then set from
+  # the measured step time before training (specjax/training/budget.py)
+  c.time_budget_s = 0.0
   c.batch_size = 16
   c.seq_len = 128
   # Mesh axes and sizes (-1 = all remaining devices). Logical axis rules map parameter and
@@ -43,7 +46,9 @@ def train_defaults() -> ml_collections.ConfigDict:
 def data_defaults() -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict()
   d.name = "python_source"  # the bundled builder; or any prepared TFDS text dataset's name
-  d.source_dir = ""  # python_source only: empty = this interpreter's standard library
+  # python_source only: a directory, `stdlib` (empty = this interpreter's standard library),
+  # `pkg:NAME` (an installed package's sources), or several of these comma-separated
+  d.source_dir = ""
   d.validation_percent = 5
   d.tfds_dir = "~/tensorflow_datasets"
   d.train_split = "train"

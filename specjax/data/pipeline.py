@@ -31,11 +31,8 @@ def open_split(data_cfg, split: str):
   data_dir = expand(data_cfg.tfds_dir)
   if data_cfg.name == BUILTIN:
     builder = PythonSource(
-        config=source_config(data_cfg.source_dir and expand(data_cfg.source_dir),
-                             data_cfg.validation_percent),
+        config=source_config(data_cfg.source_dir, data_cfg.validation_percent),
         data_dir=data_dir, file_format="array_record")
-    if data_cfg.source_dir and not os.path.isdir(expand(data_cfg.source_dir)):
-      raise SpecjaxError(f"data.source_dir {data_cfg.source_dir} is not a directory")
     builder.download_and_prepare()
     return builder.as_data_source(split=split)
   try:

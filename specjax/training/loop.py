@@ -21,6 +21,7 @@ from flax import nnx
 
 from specjax import sharding as sharding_lib
 from specjax.checkpoint import Checkpoints
+from specjax.training import budget as budget_lib
 from specjax.training.optimizer import learning_rate_schedule, make_optimizer
 
 # Test hook: SIGKILL this process after the given step (a real, unclean interruption).
@@ -109,18 +110,30 @@ def train(cfg, task: TrainTask):
     print(f"[{task.name}] resumed from step {step} in {workdir}", flush=True)
   writer = MetricsWriter(os.path.join(workdir, "metrics.jsonl"), latest)
 
-  def train_step(params, opt_state, frozen, batch, rng):
-    (_, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, frozen, batch,
-                                                                           rng)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, metrics
-
   f_shard = None
   if task.frozen is not None:
     f_shard = sharding_lib.state_shardings(task.frozen, mesh, rules)
     task.frozen = jax.device_put(task.frozen, f_shard)
-  train_step = jax.jit(train_step, in_shardings=(p_shard, o_shard, f_shard, None, repl),
-                       out_shardings=(p_shard, o_shard, repl), donate_argnums=(0, 1))
+
+  def jitted_step(optimizer):
+    def train_step(params, opt_state, frozen, batch, rng):
+      (_, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, frozen,
+                                                                             batch, rng)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state, metrics
+    return jax.jit(train_step, in_shardings=(p_shard, o_shard, f_shard, None, repl),
+                   out_shardings=(p_shard, o_shard, repl), donate_argnums=(0, 1))
+
+  train_step = jitted_step(optimizer)
+  if cfg.get("time_budget_s", 0) > 0:
+    # the schedule must span the budget, so num_steps is fixed (by timing this very step)
+    # before the first update; the optimizer state's structure does not depend on it
+    first = place_batch(next(iter(task.train_data)), mesh, rules)
+    measure = lambda: budget_lib.seconds_per_step(train_step, params, opt_state, task.frozen,
+                                                  first, jax.random.key(0))
+    cfg.num_steps = budget_lib.steps_for_budget(cfg, workdir, measure)
+    optimizer, schedule = make_optimizer(cfg), learning_rate_schedule(cfg)
+    train_step = jitted_step(optimizer)
   eval_step = jax.jit(lambda p, f, b: task.loss_fn(p, f, b, jax.random.key(0))[1],
                       in_shardings=(p_shard, f_shard, None), out_shardings=repl)
 

@@ -1,0 +1,63 @@
+"""Wall-clock training budgets: `--config.time_budget_s=S` turns S seconds into num_steps.
+
+Equal budgets compare drafters fairly only if each one's schedule (warmup, cosine decay) spans
+its own budget, so the step count is fixed before training starts: the jitted train step is
+timed on copies of the initial state (compilation excluded, fastest of a few runs), and
+num_steps = S / seconds_per_step. The figure is written to `<model dir>/budget.json`, so a
+resumed run keeps the same schedule instead of measuring again on a machine that may be busier.
+The budget counts training steps only; validation and checkpoint writes come on top.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+
+from specjax.errors import SpecjaxError
+
+FILE = "budget.json"
+
+
+def seconds_per_step(step_fn, params, opt_state, frozen, batch, rng, runs: int = 3,
+                     inner: int = 3) -> float:
+  """Fastest of `runs` timings of `inner` steps, on copies (the step donates its state)."""
+  copy = lambda tree: jax.tree.map(lambda x: x.copy(), tree)
+  p, o = copy(params), copy(opt_state)
+  p, o, _ = step_fn(p, o, frozen, batch, rng)  # compile
+  jax.block_until_ready(p)
+  times = []
+  for _ in range(runs):
+    t = time.perf_counter()
+    for _ in range(inner):
+      p, o, m = step_fn(p, o, frozen, batch, rng)
+    jax.block_until_ready((p, m))
+    times.append((time.perf_counter() - t) / inner)
+  return float(np.min(times))
+
+
+def steps_for_budget(cfg, workdir: str, measure) -> int:
+  """num_steps for cfg.time_budget_s (> 0); `measure()` -> seconds per training step, called
+  only when the model dir holds no earlier decision for this budget."""
+  budget = float(cfg.time_budget_s)
+  path = os.path.join(workdir, FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = json.load(f)
+    if float(saved["time_budget_s"]) == budget:
+      return int(saved["num_steps"])
+    raise SpecjaxError(
+        f"{workdir} was trained with time_budget_s={saved['time_budget_s']}, not {budget}; "
+        "use that budget to resume, or a fresh run_dir")
+  step_seconds = measure()
+  steps = max(1, int(budget / step_seconds))
+  if jax.process_index() == 0:
+    with open(path, "w") as f:
+      json.dump({"time_budget_s": budget, "seconds_per_step": step_seconds, "num_steps": steps},
+                f, indent=1)
+  print(f"[budget] {budget:.0f} s at {step_seconds * 1e3:.1f} ms/step -> {steps} steps",
+        flush=True)
+  return steps
