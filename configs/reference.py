@@ -1,0 +1,52 @@
+"""The reference experiment's drafters: each trains against runs/reference/target for the same
+wall-clock budget, on the same corpus, with the target's labels.
+
+  python train.py --config=configs/reference.py:dflash --config.run_dir=runs/reference
+
+One of: draft, mtp_parallel, mtp_sequential, dflash, dspark, dflash2. Each starts from its
+tiny config (configs/*_tiny.py) with the settings below; scripts/reference.sh trains them
+all. The three block drafters share the regenerated continuations in
+runs/reference/regenerated/ (generated once, by whichever trains first); the draft model and
+MTP learn the target's distribution on the corpus text (KL / the target's greedy labels).
+"""
+
+import os
+
+import ml_collections
+
+from specjax import config_base
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUDGET_S = 8 * 60.0  # per drafter; num_steps follows from each one's measured step time
+METHODS = ("draft", "mtp_parallel", "mtp_sequential", "dflash", "dspark", "dflash2")
+
+
+def _tiny(name):
+  return config_base.load_config_file(os.path.join(HERE, f"{name}_tiny.py"))
+
+
+def get_config(method: str = "dflash"):
+  if method not in METHODS:
+    raise ValueError(f"configs/reference.py:{method}: pick one of {', '.join(METHODS)}")
+  if method.startswith("mtp_"):
+    c = _tiny("mtp")
+    c.variant = method[4:]
+  else:
+    c = _tiny(method)
+  c.run_dir = "runs/reference"
+  c.time_budget_s = BUDGET_S
+  c.seq_len = 256
+  c.log_every, c.eval_every, c.save_every = 50, 250, 250
+  c.data.source_dir = config_base.load_config_file(
+      os.path.join(HERE, "target_reference.py")).data.source_dir
+  if method == "draft":
+    # one layer at half the target's width: its 7 sequential steps per block cost about
+    # what one DFlash pass does (README, "The reference experiment")
+    c.model.update(dict(num_layers=1, d_model=128, num_heads=2, num_kv_heads=1, head_dim=64,
+                        mlp_dim=384))
+  if method in ("dflash", "dspark", "dflash2"):
+    c.block_size, c.gamma = 8, 4.0
+    c.regen = ml_collections.ConfigDict(
+        {"num_sequences": 4096, "num_validation": 128, "prompt_len": 32, "new_tokens": 224,
+         "batch_size": 64})
+  return c

@@ -1,0 +1,172 @@
+"""The reference experiment's tools: wall-clock training budgets, the K and batch sweeps, the
+report and its verdicts on the seed's claims, and multi-tree corpora."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from conftest import tiny_train_config
+from specjax import report, sweep
+from specjax.data import python_source
+from specjax.errors import SpecjaxError
+from specjax.training import budget, registry
+
+
+# ----------------------------------------------------------------------------- budgets
+
+
+def test_budget_is_measured_once_and_kept_for_resume(tmp_path):
+  cfg = tiny_train_config("target_tiny.py", tmp_path, "", str(tmp_path))
+  cfg.time_budget_s = 3.0
+  calls = []
+  steps = budget.steps_for_budget(cfg, str(tmp_path), lambda: calls.append(1) or 0.01)
+  assert steps == 300 and calls == [1]
+  # a resume reads the decision back (a busier machine must not change the schedule)
+  assert budget.steps_for_budget(cfg, str(tmp_path), lambda: 1 / 0) == 300
+  cfg.time_budget_s = 5.0
+  with pytest.raises(SpecjaxError, match="time_budget_s=3.0"):
+    budget.steps_for_budget(cfg, str(tmp_path), lambda: 0.01)
+
+
+def test_training_under_a_budget_runs_the_measured_steps(tmp_path, template_corpus_dir,
+                                                         tfds_dir):
+  cfg = tiny_train_config("target_tiny.py", tmp_path, template_corpus_dir, tfds_dir,
+                          num_steps=10_000, time_budget_s=2.0, save_every=10_000,
+                          log_every=10_000, eval_every=10_000)
+  registry.train(cfg)
+  with open(tmp_path / "target" / "budget.json") as f:
+    decided = json.load(f)
+  assert decided["num_steps"] == int(2.0 / decided["seconds_per_step"]) < 10_000
+  with open(tmp_path / "target" / "metrics.jsonl") as f:
+    last = [json.loads(l) for l in f][-1]
+  assert last["step"] == decided["num_steps"]  # trained exactly the budget's steps, then saved
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+def test_several_source_trees_make_one_corpus(tmp_path):
+  for name in ("a", "b"):
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "same.py").write_text(f"x = '{name}'\n")
+  cfg = python_source.source_config(f"{tmp_path / 'a'},{tmp_path / 'b'}", validation_percent=0)
+  builder = python_source.PythonSource(config=cfg, data_dir=str(tmp_path / "tfds"))
+  splits = builder._split_generators(None)
+  docs = {k: v["text"] for split in splits.values() for k, v in split}
+  assert docs == {"a/same.py": "x = 'a'\n", "b/same.py": "x = 'b'\n"}  # same path, both kept
+  assert python_source.resolve_roots("stdlib,pkg:absl")[0] == python_source.stdlib_dir()
+  assert python_source.resolve_roots("pkg:absl")[0].endswith("absl")
+  # one tree keeps the dataset name it had before trees could be listed
+  assert python_source.source_config("").name == python_source.source_config("stdlib").name
+  with pytest.raises(SpecjaxError, match="no installed package 'nosuchpkg'"):
+    python_source.resolve_roots("stdlib,pkg:nosuchpkg")
+
+
+# ----------------------------------------------------------------------------- sweeps + report
+
+
+@pytest.fixture(scope="module")
+def swept_run(tiny_run, tmp_path_factory):
+  """A copy of tiny_run (target + draft model) with a greedy table, a K sweep and a batch
+  sweep in decode/."""
+  from specjax import evaluate
+  from conftest import load_config
+  run = str(tmp_path_factory.mktemp("swept"))
+  for sub in ("target", "draft"):
+    shutil.copytree(os.path.join(tiny_run, sub), os.path.join(run, sub))
+  os.makedirs(os.path.join(run, "decode"))
+  cfg = load_config("decode.py")
+  cfg.update(dict(run_dir=run, methods="prompt_lookup,draft", num_prompts=3, max_new_tokens=10,
+                  batch_size=1, cache_len=160, timing_repeats=1, plot=False))
+  evaluate.main(cfg)
+  for kind, values in (("drafts", [1, 3]), ("batch", [1, 2])):
+    out = sweep.run(run, kind, values, 0.0, num_prompts=3, max_new_tokens=10, repeats=1)
+    with open(sweep.output_path(run, kind, 0.0), "w") as f:
+      json.dump(out, f)
+  return run
+
+
+def test_sweeps_run_every_trained_method_at_every_setting(swept_run):
+  assert sweep.trained_methods(swept_run) == ["prompt_lookup", "draft"]
+  with open(sweep.output_path(swept_run, "drafts", 0.0)) as f:
+    drafts = json.load(f)
+  got = {(r["method"], r["K"]) for r in drafts["rows"]}
+  assert got == {(m, k) for m in ("ar", "prompt_lookup", "draft") for k in (1, 3)}
+  for r in drafts["rows"]:
+    assert r["lossless_check"] is True and r["speedup_predicted"] > 0
+    if r["method"] != "ar":
+      assert len(r["acceptance_per_position"]) == r["K"]
+  with open(sweep.output_path(swept_run, "batch", 0.0)) as f:
+    batch = json.load(f)
+  assert sorted({r["batch"] for r in batch["rows"]}) == [1, 2]
+  assert all(r["speedup_vs_ar"] == 1.0 for r in batch["rows"] if r["method"] == "ar")
+
+
+def test_report_builds_from_what_the_folder_holds(swept_run, tmp_path):
+  path = report.build(swept_run, str(tmp_path))
+  text = open(path).read()
+  for section in ("## Training", "## Side by side, greedy", "against K", "against batch size",
+                  "## The claims"):
+    assert section in text, section
+  for png in ("training.png", "acceptance_t0.png", "sweep_drafts_t0.png", "sweep_batch_t0.png"):
+    assert os.path.getsize(tmp_path / png) > 1000 and f"({png})" in text
+  # the draft model's accounting claim has data: tau at K=1 from a_k at K=3
+  row = next(l for l in text.splitlines() if l.startswith("| the accounting model"))
+  assert "tau at smaller K" in row and ("| holds |" in row or "| does not hold here |" in row)
+  # claims without their methods in the folder say so instead of guessing
+  assert "| DSpark raises tau over DFlash | no data |" in text
+
+
+def test_report_of_an_empty_folder_is_a_clear_error(tmp_path):
+  with pytest.raises(SpecjaxError, match="holds no decode results"):
+    report.build(str(tmp_path))
+
+
+def _table(**acceptance):
+  from specjax import accounting
+  out = {"ar": {"tau": 1.0, "acceptance_per_position": []}}
+  for m, a in acceptance.items():
+    out[m] = {"tau": accounting.expected_tokens(a), "acceptance_per_position": a,
+              "t_draft": 1e-3}
+  return out
+
+
+def test_claim_verdicts_follow_the_figures():
+  collapse = {0.0: _table(mtp_parallel=[0.8, 0.5, 0.3, 0.1])}
+  flat = {0.0: _table(mtp_parallel=[0.6, 0.6, 0.55, 0.6])}
+  assert report.claim_mtp_depth(collapse)[0] == "holds"
+  assert report.claim_mtp_depth(flat)[0] == "does not hold here"
+  assert report.claim_mtp_depth({})[0] == "no data"
+
+  decaying = {0.0: _table(dflash=[0.9, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4], draft=[0.5] * 4,
+                          mtp_sequential=[0.6] * 4)}
+  assert report.claim_dflash(decaying)[0] == "holds"
+  beaten = {0.0: _table(dflash=[0.5, 0.4, 0.3, 0.2], draft=[0.9] * 4)}
+  assert report.claim_dflash(beaten)[0] == "does not hold here"
+
+  tables = {0.0: _table(dflash=[0.5] * 4, dspark=[0.6] * 4),
+            1.0: _table(dflash=[0.5] * 4, dspark=[0.4] * 4)}
+  verdict, why = report.claim_gain(tables, "dspark")
+  assert verdict == "does not hold here" and "T=0: +" in why and "T=1: -" in why
+
+  def batch_sweep(budgets, load_aware_speedup):
+    rows = []
+    for b, budget_b, s in zip((1, 8), budgets, load_aware_speedup):
+      rows += [{"method": "dspark", "variant": "", "batch": b, "speedup_vs_ar": 1.0},
+               {"method": "dspark", "variant": "load_aware", "batch": b, "speedup_vs_ar": s,
+                "mean_budget": budget_b}]
+    return {("batch", 0.0): {"values": [1, 8], "rows": rows}}
+  assert report.claim_concurrency(batch_sweep([6.0, 2.0], [1.0, 1.2]))[0] == "holds"
+  assert report.claim_concurrency(batch_sweep([6.0, 6.0], [1.0, 1.0]))[0] == \
+      "does not hold here"
+
+  a = [0.8, 0.6, 0.5]
+  rows = [{"method": "draft", "K": k, "tau": report.accounting.expected_tokens(a[:k]),
+           "acceptance_per_position": a[:k]} for k in (1, 2, 3)]
+  exact = {("drafts", 0.0): {"rows": rows}}
+  assert report.claim_accounting({}, exact)[0] == "holds"
+  off = {("drafts", 0.0): {"rows": [dict(r, tau=r["tau"] * 1.3) if r["K"] == 1 else r
+                                    for r in rows]}}
+  assert report.claim_accounting({}, off)[0] == "does not hold here"
