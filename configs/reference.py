@@ -1,13 +1,12 @@
 """The reference experiment's drafters: each trains against runs/reference/target for the same
-wall-clock budget, on the same corpus, with the target's labels.
+wall-clock budget, on the same regenerated text (the target's own continuations).
 
   python train.py --config=configs/reference.py:dflash --config.run_dir=runs/reference
 
 One of: draft, mtp_parallel, mtp_sequential, dflash, dspark, dflash2. Each starts from its
 tiny config (configs/*_tiny.py) with the settings below; scripts/reference.sh trains them
-all. The three block drafters share the regenerated continuations in
-runs/reference/regenerated/ (generated once, by whichever trains first); the draft model and
-MTP learn the target's distribution on the corpus text (KL / the target's greedy labels).
+all. The draft model (KL to the target), MTP (the target's greedy token) and the three block
+drafters all train on the regenerated continuations in runs/reference/regenerated/.
 """
 
 import os
@@ -44,9 +43,13 @@ def get_config(method: str = "dflash"):
     # what one DFlash pass does (README, "The reference experiment")
     c.model.update(dict(num_layers=1, d_model=128, num_heads=2, num_kv_heads=1, head_dim=64,
                         mlp_dim=384))
+  # every drafter trains on the same text: the target's greedy continuations of 4,096
+  # corpus prompts (generated once into run_dir/regenerated/ by the first drafter)
+  c.regen = ml_collections.ConfigDict(
+      {"num_sequences": 4096, "num_validation": 128, "prompt_len": 32, "new_tokens": 224,
+       "batch_size": 64})
   if method in ("dflash", "dspark", "dflash2"):
     c.block_size, c.gamma = 8, 4.0
-    c.regen = ml_collections.ConfigDict(
-        {"num_sequences": 4096, "num_validation": 128, "prompt_len": 32, "new_tokens": 224,
-         "batch_size": 64})
+  else:
+    c.train_on = "regenerated"
   return c

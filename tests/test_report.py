@@ -170,3 +170,38 @@ def test_claim_verdicts_follow_the_figures():
   off = {("drafts", 0.0): {"rows": [dict(r, tau=r["tau"] * 1.3) if r["K"] == 1 else r
                                     for r in rows]}}
   assert report.claim_accounting({}, off)[0] == "does not hold here"
+
+
+def test_token_drafters_train_on_the_block_drafters_regenerated_text(tiny_run, tmp_path,
+                                                                     template_corpus_dir,
+                                                                     tfds_dir):
+  import ml_collections
+  import numpy as np
+  from specjax import run_dir as run_dir_lib
+  from specjax.training import regenerate
+  shutil.copytree(os.path.join(tiny_run, "target"), tmp_path / "target")
+  cfgs = {}
+  for name, extra in (("draft_tiny.py", {"model.num_layers": 1}), ("mtp_tiny.py", {})):
+    cfg = tiny_train_config(name, tmp_path, template_corpus_dir, tfds_dir, num_steps=4,
+                            train_on="regenerated", **extra)
+    cfg.regen = ml_collections.ConfigDict({"num_sequences": 32, "num_validation": 8,
+                                           "prompt_len": 8, "new_tokens": 24,
+                                           "batch_size": 16})
+    registry.train(cfg)
+    cfgs[name] = cfg
+  # one cache of continuations (train and validation rows), made by the first drafter and
+  # read by the second: both trained on the same text
+  cached = [np.load(tmp_path / "regenerated" / f)
+            for f in sorted(os.listdir(tmp_path / "regenerated")) if f.endswith(".npy")]
+  assert sorted(len(c) for c in cached) == [8, 32]
+  target = run_dir_lib.load_target(str(tmp_path))
+  tok = run_dir_lib.load_tokenizer(str(tmp_path))
+  train, _ = regenerate.drafter_data(cfgs["mtp_tiny.py"], target, tok)
+  batch = next(iter(train))
+  rows = {tuple(r) for c in cached for r in c}
+  assert all(tuple(r) in rows for r in batch["tokens"])
+  assert batch["loss_mask"][:, :7].sum() == 0  # no labels on the corpus prompt
+  bad = cfgs["mtp_tiny.py"].copy_and_resolve_references()
+  bad.train_on = "somewhere"
+  with pytest.raises(SpecjaxError, match="train_on must be one of corpus, regenerated"):
+    regenerate.drafter_data(bad, target, tok)

@@ -15,7 +15,8 @@ from flax import nnx
 from specjax import run_dir as run_dir_lib
 from specjax.models import Transformer
 from specjax.training.loop import TrainTask, train
-from specjax.training.target import data_for, masked_cross_entropy
+from specjax.training import regenerate
+from specjax.training.target import masked_cross_entropy
 
 
 def distill_kl(student_logits, teacher_logits, mask_BxT):
@@ -47,7 +48,7 @@ def train_draft(cfg):
   run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, "draft"),
                                             "config.json"))
   graphdef, _ = run_dir_lib.abstract_transformer(model_cfg)
-  train_ds, val = data_for(cfg, tok)
+  train_ds, val = regenerate.drafter_data(cfg, target, tok)
 
   def init_params(rng):
     return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(rng)), nnx.Param)

@@ -22,7 +22,8 @@ from specjax.run_dir import HEAD_BUILDERS
 from specjax.errors import SpecjaxError
 from specjax.models.layers import causal_segment_mask
 from specjax.training.loop import TrainTask, train
-from specjax.training.target import data_for, masked_cross_entropy
+from specjax.training import regenerate
+from specjax.training.target import masked_cross_entropy
 
 VARIANTS = ("parallel", "sequential")
 
@@ -104,7 +105,7 @@ def train_mtp(cfg):
   heads_graphdef, _ = nnx.split(
       nnx.eval_shape(lambda: build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))),
       nnx.Param)
-  train_ds, val = data_for(cfg, tok)
+  train_ds, val = regenerate.drafter_data(cfg, target, tok)
 
   def init_heads(rng):
     return nnx.state(build_heads(variant, target.model_cfg, cfg, nnx.Rngs(rng)), nnx.Param)

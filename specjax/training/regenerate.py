@@ -119,3 +119,22 @@ def regenerated_data(cfg, target, tok):
   val = [as_batch(val_rows[i:i + local], pad_id, r.prompt_len)
          for i in range(0, len(val_rows) - local + 1, local)]
   return ds.to_iter_dataset(), val[:cfg.eval_batches]
+
+
+TRAIN_ON = ("corpus", "regenerated")
+
+
+def drafter_data(cfg, target, tok):
+  """A token drafter's (train, validation) data: corpus text, or with
+  `train_on="regenerated"` the same regenerated continuations the block drafters use (so that
+  every drafter of an experiment sees the same text; needs cfg.regen)."""
+  from specjax.training.target import data_for
+  train_on = cfg.get("train_on", "corpus")
+  if train_on not in TRAIN_ON:
+    raise SpecjaxError(f"train_on must be one of {', '.join(TRAIN_ON)}, got '{train_on}'")
+  if train_on == "corpus":
+    return data_for(cfg, tok)
+  if "regen" not in cfg:
+    raise SpecjaxError("train_on='regenerated' needs the regen settings of the block drafters "
+                       "(config_base.block_drafter_defaults().regen)")
+  return regenerated_data(cfg, target, tok)
