@@ -205,3 +205,22 @@ def test_token_drafters_train_on_the_block_drafters_regenerated_text(tiny_run, t
   bad.train_on = "somewhere"
   with pytest.raises(SpecjaxError, match="train_on must be one of corpus, regenerated"):
     regenerate.drafter_data(bad, target, tok)
+
+
+def test_goals_read_the_tables_and_the_batch_sweep():
+  t0 = _table(dflash=[0.9] * 7, draft=[0.5] * 4, mtp_sequential=[0.6] * 4)
+  t0["dflash"]["block_size"] = 8
+  t1 = _table(dflash=[0.5] * 7, draft=[0.6] * 4)
+  t1["dflash"]["block_size"] = 8
+  sweep = {("batch", 0.0): {"rows": [
+      {"method": "ar", "batch": 1, "speedup_vs_ar": 1.0},
+      {"method": "dflash", "batch": 1, "speedup_vs_ar": 1.42},
+      {"method": "draft", "batch": 1, "speedup_vs_ar": 1.1},
+      {"method": "dflash", "batch": 8, "speedup_vs_ar": 2.0}]}}
+  rows = {r[0]: (r[1], r[2]) for r in report.goals({0.0: t0, 1.0: t1}, sweep)[1:]}
+  tau0 = report.accounting.expected_tokens([0.9] * 7)
+  assert rows["DFlash tau >= 3 at T=0 (B=8)"] == (f"{tau0:.2f} (B=8)", "yes")
+  assert rows["DFlash tau >= 2 at T=1 (B=8)"][1] == "no"  # 1.99
+  assert rows["DFlash tau above draft model and sequential MTP at T=1"][1] == "no"
+  # the best method at batch 1 (not the batch-8 row)
+  assert rows["best wall-clock speedup at batch 1, greedy, >= 1.3x"] == ("1.42x (dflash)", "yes")
