@@ -2,12 +2,12 @@
 
 Each cost is timed the way the decode loop pays it: `inner` back-to-back calls inside one
 jitted `lax.fori_loop` (so per-call dispatch from the host is not counted), fastest of `reps`
-such runs, divided by `inner`. On a shared 2-core machine the same 0.5 ms pass measured with 5
-runs came out anywhere in 0.49-0.93 ms and with 20 runs in 0.43-0.52 ms: hence 15 by default. The KV cache is filled to the context length so attention does
-realistic work, and each call's input depends on the previous call's output so that XLA can
-neither hoist nor drop it. Attention reads only the cache prefix the context needs, so a step
-costs more as the text grows: given several context lengths (those a decode run passes
-through), each cost is their mean.
+such runs, divided by `inner` (on a shared 2-core machine one 0.5 ms pass measured with 5 runs
+came out anywhere in 0.49-0.93 ms, with 20 runs in 0.43-0.52 ms: hence 15 by default). The KV
+cache is filled to the context length so attention does realistic work, and each call's input
+depends on the previous call's output so that XLA can neither hoist nor drop it. Attention
+reads only the cache prefix the context needs, so a step costs more as the text grows: given
+several context lengths (those a decode run passes through), each cost is their mean.
 """
 
 from __future__ import annotations

@@ -282,11 +282,13 @@ def format_table(report: dict) -> str:
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
 
 
-def plot_acceptance(report: dict, path: str):
+def plot_acceptance(report: dict, path: str, title: str = ""):
+  """a_k and P_k per method, side by side (decode.py's PNG; the report's per temperature)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  suffix = f" ({title})" if title else ""
   fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
   for name, e in report["methods"].items():
     a = e["acceptance_per_position"]
@@ -295,11 +297,12 @@ def plot_acceptance(report: dict, path: str):
     pos = np.arange(1, len(a) + 1)
     ax1.plot(pos, a, marker="o", label=name)
     ax2.plot(pos, e["prefix_acceptance"], marker="o", label=name)
-  ax1.set(title="conditional acceptance a_k", xlabel="draft position k", ylim=(0, 1.05))
-  ax2.set(title="prefix acceptance P_k", xlabel="draft position k", ylim=(0, 1.05))
+  ax1.set(title="conditional acceptance a_k" + suffix, xlabel="draft position k",
+          ylim=(0, 1.05))
+  ax2.set(title="prefix acceptance P_k" + suffix, xlabel="draft position k", ylim=(0, 1.05))
   for ax in (ax1, ax2):
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)

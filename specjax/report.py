@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 
-from specjax import accounting
+from specjax import accounting, evaluate
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 
@@ -138,26 +138,6 @@ def _plt():
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt
-
-
-def plot_acceptance(table: dict, path: str, title: str):
-  plt = _plt()
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-  for m in ordered(table):
-    a = table[m].get("acceptance_per_position") or []
-    if not a:
-      continue
-    pos = np.arange(1, len(a) + 1)
-    ax1.plot(pos, a, marker="o", label=m)
-    ax2.plot(pos, table[m]["prefix_acceptance"], marker="o", label=m)
-  ax1.set(title=f"a_k ({title})", xlabel="draft position k", ylim=(0, 1.05))
-  ax2.set(title=f"P_k ({title})", xlabel="draft position k", ylim=(0, 1.05))
-  for ax in (ax1, ax2):
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)
 
 
 def series(sweep: dict, key: str, x: str) -> dict[str, tuple[list, list]]:
@@ -469,7 +449,8 @@ def build(run_dir: str, out: str | None = None) -> str:
            "the same process; predicted: tau x T_ar / (T_draft + T_verify) from step costs "
            "measured in the same run.", "", side_by_side(table), ""]
     png = f"acceptance_t{temp:g}.png"
-    plot_acceptance(table, os.path.join(out, png), name)
+    evaluate.plot_acceptance({"methods": {m: table[m] for m in ordered(table)}},
+                             os.path.join(out, png), name)
     md += [f"![a_k and P_k, {name}]({png})", ""]
   for (kind, temp), sweep in sorted(sweeps.items()):
     png = f"sweep_{kind}_t{temp:g}.png"

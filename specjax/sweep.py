@@ -21,8 +21,11 @@ import jax
 
 from specjax import config_base, evaluate
 from specjax import run_dir as run_dir_lib
+from specjax.drafters import registry
 from specjax.errors import SpecjaxError
 
+DECODE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "configs", "decode.py")
 KINDS = ("drafts", "batch")
 DEFAULT_VALUES = {"drafts": "1,2,4,7", "batch": "1,2,4,8"}
 KEPT = ("tau", "tau_predicted", "acceptance_per_position", "prefix_acceptance",
@@ -32,15 +35,10 @@ KEPT = ("tau", "tau_predicted", "acceptance_per_position", "prefix_acceptance",
 
 
 def trained_methods(run_dir: str) -> list[str]:
-  """The methods whose drafter run_dir holds (prompt lookup always)."""
-  root = run_dir_lib.resolve(run_dir)
-  have = ["prompt_lookup"]
-  for name, folder in (("draft", "draft"), ("mtp_parallel", "mtp_parallel"),
-                       ("mtp_sequential", "mtp_sequential"), ("dflash", "dflash"),
-                       ("dspark", "dspark"), ("dflash2", "dflash2")):
-    if os.path.isdir(os.path.join(root, folder, "checkpoints")):
-      have.append(name)
-  return have
+  """The methods whose drafter run_dir holds (prompt lookup always: it trains nothing)."""
+  return ["prompt_lookup"] + [m for m in registry.BUILDERS if m != "prompt_lookup" and
+                              os.path.isdir(os.path.join(run_dir_lib.model_dir(run_dir, m),
+                                                         "checkpoints"))]
 
 
 def max_drafts(method: str, run_dir: str) -> int | None:
@@ -59,8 +57,7 @@ def run(run_dir: str, kind: str, values: list[int], temperature: float, num_prom
         max_new_tokens: int, methods: list[str] | None = None, repeats: int = 2) -> dict:
   if kind not in KINDS:
     raise SpecjaxError(f"--kind must be one of {', '.join(KINDS)}, got '{kind}'")
-  cfg = config_base.load_config_file(os.path.join(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))), "configs", "decode.py"))
+  cfg = config_base.load_config_file(DECODE_CONFIG)
   cfg.run_dir, cfg.temperature, cfg.num_prompts = run_dir, temperature, num_prompts
   cfg.max_new_tokens, cfg.timing_repeats, cfg.measure_costs = max_new_tokens, repeats, True
   methods = [m for m in (methods or trained_methods(run_dir)) if m != "ar"]
