@@ -51,6 +51,26 @@ def _prefill(graphdef, batch, cache_len, feature_layers=()):
   return run
 
 
+def verify_loop(graphdef, *, batch: int, n: int, inner: int = 20):
+  """Jitted (params, cache) -> `inner` target passes over n new positions, back to back, each
+  written into the cache at its context length (what one verify step pays)."""
+
+  @jax.jit
+  def many(params, cache):
+    target = nnx.merge(graphdef, params)
+
+    def body(_, carry):
+      acc, cache = carry
+      tokens = jnp.full((batch, n), 3, jnp.int32) + (acc > 1e9).astype(jnp.int32)[:, None]
+      out = target(tokens, cache=cache)
+      # the write into the cache is part of the pass; the context stays where it was
+      return acc + out.logits_BxTxV[:, -1, 0], out.cache.rollback(cache.end_B)
+
+    return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.float32), cache))[0]
+
+  return many
+
+
 def verify_costs(graphdef, params, *, batch: int, ns, context_len, cache_len: int,
                  reps: int = 15, inner: int = 20) -> dict[int, float]:
   """Seconds for one target pass over n new positions (cache at context_len; the mean over
@@ -60,32 +80,19 @@ def verify_costs(graphdef, params, *, batch: int, ns, context_len, cache_len: in
             for c in _contexts(context_len)]
   out = {}
   for n in ns:
-
-    @jax.jit
-    def many(params, cache, n=n):
-      target = nnx.merge(graphdef, params)
-
-      def body(_, carry):
-        acc, cache = carry
-        tokens = jnp.full((batch, n), 3, jnp.int32) + (acc > 1e9).astype(jnp.int32)[:, None]
-        out = target(tokens, cache=cache)
-        # the write into the cache is part of the pass; the context stays where it was
-        return acc + out.logits_BxTxV[:, -1, 0], out.cache.rollback(cache.end_B)
-
-      return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.float32), cache))[0]
-
+    many = verify_loop(graphdef, batch=batch, n=int(n), inner=inner)
     out[int(n)] = float(np.mean([_seconds_per_call(many, (params, cache), inner, reps)
                                  for cache in caches]))
   return out
 
 
-def draft_cost(graphdef, params, drafter, drafter_params, *, batch: int, context_len,
-               cache_len: int, sampler: Sampler, reps: int = 15, inner: int = 20) -> float:
-  """Seconds for one step of the drafter's own work at the given context length (the mean
-  over several): `propose` (K drafts) and `commit` (keeping half of them), its state carried
-  from step to step as in the decode loop."""
+def draft_loop(graphdef, drafter, *, batch: int, cache_len: int, sampler: Sampler,
+               inner: int = 20):
+  """(init, many), both jitted: init(params, drafter_params, tokens) -> (drafter state after a
+  prefill over tokens, a verified step keeping half the drafts); many(params, drafter_params,
+  state, verified) -> `inner` drafter steps, `propose` (K drafts) then `commit`, its state
+  carried from step to step as in the decode loop."""
   k = drafter.num_draft_tokens
-  prefill = _prefill(graphdef, batch, cache_len, drafter.feature_layers)
 
   @jax.jit
   def init(params, drafter_params, tokens):
@@ -118,7 +125,15 @@ def draft_cost(graphdef, params, drafter, drafter_params, *, batch: int, context
 
     return jax.lax.fori_loop(0, inner, body, (jnp.zeros((batch,), jnp.int32), state))[0]
 
-  del prefill
+  return init, many
+
+
+def draft_cost(graphdef, params, drafter, drafter_params, *, batch: int, context_len,
+               cache_len: int, sampler: Sampler, reps: int = 15, inner: int = 20) -> float:
+  """Seconds for one step of the drafter's own work at the given context length (the mean
+  over several): `propose` (K drafts) and `commit` (keeping half of them)."""
+  init, many = draft_loop(graphdef, drafter, batch=batch, cache_len=cache_len,
+                          sampler=sampler, inner=inner)
   times = []
   for c in _contexts(context_len):
     state, verified = init(params, drafter_params, jnp.full((batch, c), 3, jnp.int32))

@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax import fast_rng  # noqa: F401  (one kernel per random draw on CPU)
 from specjax.errors import SpecjaxError
 
 

@@ -9,6 +9,7 @@ from conftest import ROOT
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import ar_decode  # noqa: E402
+import loop_kernels  # noqa: E402
 import step_costs  # noqa: E402
 
 
@@ -25,3 +26,16 @@ def test_step_cost_curve_is_written(tiny_run, tmp_path):
   curve = json.loads(out.read_text())["seconds"]
   assert set(curve) == {"1", "2"} and {"1", "5"} <= set(curve["1"])
   assert all(v > 0 for row in curve.values() for v in row.values())
+
+
+def test_loop_kernels_prints_each_methods_parts(tiny_run, capsys):
+  loop_kernels.main([f"--run_dir={tiny_run}", "--methods=ar,draft", "--temperatures=0,1"])
+  rows = [line.split() for line in capsys.readouterr().out.splitlines()
+          if line[:2] in ("0 ", "1 ")]
+  assert [(r[0], r[1]) for r in rows] == [("0", "ar"), ("0", "draft"), ("1", "ar"),
+                                          ("1", "draft")]
+  for _, method, k, loop, target, drafter, rest, _ in rows:
+    assert int(k) == (0 if method == "ar" else 4)
+    # the loop runs its target pass and the drafter's step, and they run kernels
+    assert int(loop) >= int(target) > 0 and (int(drafter) > 0) == (method != "ar")
+    assert int(rest) == int(loop) - int(target) - int(drafter)

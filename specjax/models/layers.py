@@ -162,7 +162,11 @@ class Attention(nnx.Module):
     return jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH).reshape(b, t, n, hd)
 
   def _out(self, heads_BxTxNxH):
-    return jnp.einsum("btnh,nhd->btd", heads_BxTxNxH, self._w(self.wo))
+    # one contraction over the merged (head, head_dim) axis: contracting two axes let XLA:CPU
+    # transpose the [N, H, D] weight on every call (inside a decode loop: every step)
+    b, t, n, hd = heads_BxTxNxH.shape
+    w_FxD = self._w(self.wo).reshape(n * hd, -1)
+    return jnp.einsum("btf,fd->btd", heads_BxTxNxH.reshape(b, t, n * hd), w_FxD)
 
   def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
     """Attention under an explicit mask over all S keys (training, reference passes)."""
