@@ -224,3 +224,20 @@ def test_goals_read_the_tables_and_the_batch_sweep():
   assert rows["DFlash tau above draft model and sequential MTP at T=1"][1] == "no"
   # the best method at batch 1 (not the batch-8 row)
   assert rows["best wall-clock speedup at batch 1, greedy, >= 1.3x"] == ("1.42x (dflash)", "yes")
+
+
+def test_goals_say_what_limits_them():
+  t0 = _table(dflash=[0.9, 0.5])
+  for m, e in t0.items():
+    e.update(batch_size=1, t_ar=1e-3, speedup_vs_ar=1.0)
+  t0["dflash"].update(num_draft_tokens=7, t_draft=0.5e-3, t_verify=1.5e-3, tau=2.0,
+                      prefix_acceptance=[0.9, 0.45], speedup_vs_ar=0.9, speedup_predicted=1.0,
+                      block_size=8)
+  limits = {r[0]: r[3] for r in report.goals({0.0: t0}, {})[1:]}
+  assert limits["DFlash tau >= 3 at T=0 (B=8)"] == (
+      "acceptance: a_1 0.90, a_2 0.50, all 2 accepted 0.45 of steps")
+  # step = (0.5 + 1.5) ms = 2 T_ar: 1.3x needs tau 2.6; tau 8 would give 8 / 2 = 4x;
+  # measured 0.9x against the predicted 1.0x
+  assert limits["best wall-clock speedup at batch 1, greedy, >= 1.3x"] == (
+      "step = 2.00 T_ar: 1.3x needs tau 2.60 (has 2.00); ceiling at tau = 8: 4.00x; "
+      "measured / predicted 0.90")
