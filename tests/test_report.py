@@ -5,9 +5,10 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
-from conftest import tiny_train_config
+from conftest import ROOT, tiny_train_config
 from specjax import report, sweep
 from specjax.data import python_source
 from specjax.errors import SpecjaxError
@@ -176,7 +177,6 @@ def test_token_drafters_train_on_the_block_drafters_regenerated_text(tiny_run, t
                                                                      template_corpus_dir,
                                                                      tfds_dir):
   import ml_collections
-  import numpy as np
   from specjax import run_dir as run_dir_lib
   from specjax.training import regenerate
   shutil.copytree(os.path.join(tiny_run, "target"), tmp_path / "target")
@@ -241,3 +241,28 @@ def test_goals_say_what_limits_them():
   assert limits["best wall-clock speedup at batch 1, greedy, >= 1.3x"] == (
       "step = 2.00 T_ar: 1.3x needs tau 2.60 (has 2.00); ceiling at tau = 8: 4.00x; "
       "measured / predicted 0.90")
+
+
+def test_heldout_prompts_are_the_regenerated_validation_prefixes(tiny_run, tmp_path):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "heldout_prompts", os.path.join(ROOT, "scripts", "heldout_prompts.py"))
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  from specjax import run_dir as run_dir_lib
+  from specjax.data import tokenizer as tokenizer_lib
+  run = tmp_path / "run"
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  with pytest.raises(SpecjaxError, match="no validation rows"):
+    script.heldout_prompts(str(run), 4)
+  tok = run_dir_lib.load_tokenizer(str(run))
+  ids = tok.encode("def add(a, b):\n    return a + b\n").ids
+  rows = np.asarray([ids[:6] + [7] * 4, ids[2:8] + [9] * 4], np.int32)
+  (run / "regenerated").mkdir()
+  np.save(run / "regenerated" / "x.npy", rows)
+  (run / "regenerated" / "x.json").write_text(json.dumps({"split": "validation",
+                                                          "prompt_len": 6}))
+  out = tmp_path / "p.jsonl"
+  script.main([str(run), str(out), "--count", "2"])
+  got = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
+  assert got == [tokenizer_lib.decode(tok, ids[:6]), tokenizer_lib.decode(tok, ids[2:8])]
