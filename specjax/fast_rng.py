@@ -3,8 +3,8 @@
 jax lowers its threefry hash for XLA:CPU as a rolled `while` loop of 5 iterations (it keeps
 compile times short). Inside a decode loop that runs every step, each draw (a key split, the
 uniforms of verification, the Gumbel noise of a categorical) then costs a loop of ~16 small
-kernels times 5: a sampled DFlash step launched ~790 kernels where the greedy one launches
-~330 (`bench/loop_kernels.py`). jax's own unrolled lowering of the same function, which it uses
+kernels times 5: a sampled DFlash step launched 795 kernels where the greedy one launches
+316 (`bench/loop_kernels.py`). jax's own unrolled lowering of the same function, which it uses
 on every other platform, is elementwise and fuses into one kernel: the same bits, a faster
 compile, and about half the kernels per sampled step.
 
