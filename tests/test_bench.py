@@ -8,6 +8,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import acceptance_replay  # noqa: E402
 import ar_decode  # noqa: E402
 import loop_kernels  # noqa: E402
 import step_costs  # noqa: E402
@@ -39,3 +40,31 @@ def test_loop_kernels_prints_each_methods_parts(tiny_run, capsys):
     # the loop runs its target pass and the drafter's step, and they run kernels
     assert int(loop) >= int(target) > 0 and (int(drafter) > 0) == (method != "ar")
     assert int(rest) == int(loop) - int(target) - int(drafter)
+
+
+def test_replay_steps_over_accepted_runs():
+  text = [5, 1, 2, 3, 4, 6, 7]
+  drafts = [[1, 2, 9], [2, 3, 4], [3, 9, 9], [4, 6, 7], [6, 7, 0]]  # pending at 0..4
+  m = acceptance_replay.accepted_runs(drafts, text, 0)
+  assert m == [2, 3, 1, 3, 2]  # the last row's third draft reaches past the text
+  # step at 0 accepts 2 -> next pending at 3, accepts 3 -> past the end
+  assert acceptance_replay.replay(m) == [2, 3]
+  assert acceptance_replay.replay([0, 0, 1, 0]) == [0, 0, 1]
+
+
+def test_replayed_acceptance_matches_the_greedy_decode(tiny_run, tmp_path, capsys):
+  from conftest import load_config
+  from specjax import evaluate
+  cfg = load_config("decode.py")
+  cfg.run_dir, cfg.methods, cfg.num_prompts, cfg.max_new_tokens = tiny_run, "ar,draft", 4, 24
+  cfg.measure_costs, cfg.plot, cfg.timing_repeats = False, False, 1
+  cfg.output_json = str(tmp_path / "t0.json")
+  evaluate.main(cfg)
+  capsys.readouterr()
+  acceptance_replay.main([f"--run_dir={tiny_run}", f"--decode_json={cfg.output_json}",
+                          "--methods=draft"])
+  row = capsys.readouterr().out.splitlines()[-1].split()
+  position, (a1_replay, a1_decode) = float(row[1]), (float(row[2]), float(row[4]))
+  # greedy decoding proposes the teacher-forced drafts: the same first-draft acceptance (rows
+  # that stop at EOS end a step early in the replay, hence the tolerance)
+  assert abs(a1_replay - a1_decode) <= 0.05 and 0.0 <= position <= 1.0
