@@ -112,8 +112,13 @@ def main(argv=None):
   parser.add_argument("--decode_json", default="runs/reference/decode/t0.json")
   parser.add_argument("--methods", default="draft,dflash")
   args = parser.parse_args(argv)
-  with open(args.decode_json) as f:
-    report = json.load(f)["methods"]
+  try:
+    with open(args.decode_json) as f:
+      report = json.load(f)["methods"]
+  except (OSError, ValueError, KeyError) as e:
+    raise SystemExit(f"error: {args.decode_json} is not a decode.py report ({e})") from None
+  if "ar" not in report:
+    raise SystemExit(f"error: {args.decode_json} has no AR outputs; decode with methods=ar,...")
   if report["ar"].get("temperature", 0.0) != 0.0:
     raise SystemExit("error: replay needs a greedy (temperature 0) decode")
   print("method  a_1 per position  a_1 per step (replayed / decode)  tau (replayed / decode)")
