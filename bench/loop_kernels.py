@@ -123,13 +123,13 @@ def method_row(method, cfg, target, sampler, batch, cache_len):
   k = 0 if drafter is None else drafter.num_draft_tokens
   cache = target.module().init_cache(batch, cache_len)
   verify = loop_step_launches(compiled_text(
-      costs.verify_loop(target.graphdef, batch=batch, n=k + 1, inner=2), target.params, cache))
+      costs.verify_loop(target.graphdef, batch=batch, n=k + 1), target.params, cache, 2))
   draft = 0
   if drafter is not None:
     init, many = costs.draft_loop(target.graphdef, drafter, batch=batch, cache_len=cache_len,
-                                  sampler=sampler, inner=2)
+                                  sampler=sampler)
     state, verified = init(target.params, dparams, tokens)
-    draft = loop_step_launches(compiled_text(many, target.params, dparams, state, verified))
+    draft = loop_step_launches(compiled_text(many, target.params, dparams, state, verified, 2))
   return k, loop, verify, draft
 
 

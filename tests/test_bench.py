@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import acceptance_replay  # noqa: E402
 import ar_decode  # noqa: E402
+import loop_efficiency  # noqa: E402
 import loop_kernels  # noqa: E402
 import step_costs  # noqa: E402
 
@@ -40,6 +41,19 @@ def test_loop_kernels_prints_each_methods_parts(tiny_run, capsys):
     # the loop runs its target pass and the drafter's step, and they run kernels
     assert int(loop) >= int(target) > 0 and (int(drafter) > 0) == (method != "ar")
     assert int(rest) == int(loop) - int(target) - int(drafter)
+
+
+def test_loop_efficiency_prints_paired_rows(tiny_run, capsys):
+  loop_efficiency.main([f"--run_dir={tiny_run}", "--methods=prompt_lookup,draft", "--batches=1",
+                        "--temperatures=0", "--num_prompts=2", "--max_new_tokens=8",
+                        "--rounds=1", "--cache_lens=256,512"])
+  out = capsys.readouterr().out
+  rows = [line.split() for line in out.splitlines() if line.startswith("0 ")]
+  assert [r[2] for r in rows] == ["ar", "prompt_lookup", "draft"]
+  for r in rows:
+    tau, efficiency = float(r[3]), float(r[6])
+    assert tau >= 1.0 and efficiency > 0  # medians of real figures, not NaN
+  assert "AR step time at a fixed committed length" in out and "512" in out
 
 
 def test_replay_steps_over_accepted_runs():
