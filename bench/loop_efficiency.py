@@ -3,8 +3,9 @@
 For each method, batch size and temperature: the speedup the accounting model predicts from
 tau and the step costs (T_ar, T_verify(K+1) or the verify widths a budgeted drafter used, and
 T_draft(K) as specjax.costs prices it: the drafter's propose and commit, its marginal cost
-next to the target's pass), the measured speedup over AR, and their ratio, the loop's
-efficiency: 1.0 means the loop costs nothing beyond the passes.
+next to the target's pass; at T > 0 each pass includes one draw over the vocabulary), the
+measured speedup over AR, and their ratio, the loop's efficiency: 1.0 means the loop costs
+nothing beyond the passes.
 
 This machine's speed drifts by 2x over seconds (a bare 0.5 ms target pass, timed 60 times in a
 row as 20-call batches: 0.36-0.92 ms), so figures timed minutes apart cannot be compared. The
@@ -59,11 +60,6 @@ def _wall(fn, *args):
   return time.perf_counter() - t, out
 
 
-def _slope(fn, args):
-  """Seconds per call of a cost loop, its launch cost left out (as in specjax.costs)."""
-  return (_wall(fn, *args, 2 * INNER)[0] - _wall(fn, *args, INNER)[0]) / INNER
-
-
 class Timed:
   """One method's compiled calls at one batch size: its decode at max_new_tokens and at 1
   token (the prefill and the first token), and the passes the accounting model prices."""
@@ -82,8 +78,12 @@ class Timed:
     self.widths = self.drafter.verify_widths if budgeted else (self.k,)
     kw = dict(batch=batch, context_len=context_len, cache_len=cfg.cache_len)
     cache = costs.context_cache(target.graphdef, target.params, **kw)
-    self.verify = {w: (costs.verify_loop(target.graphdef, batch=batch, n=w + 1),
-                       (target.params, cache)) for w in self.widths}
+    self.verify = {w: (costs.verify_loop(target.graphdef, batch=batch, n=w + 1,
+                                         sampler=harness.sampler), (target.params, cache))
+                   for w in self.widths}
+    # the target's pass alone, to take out of the joint loop (which draws no token from it)
+    self.pass_only = (costs.verify_loop(target.graphdef, batch=batch, n=self.k + 1),
+                      (target.params, cache))
     self.draft = self.together = None
     if self.drafter is not None:
       init, many = costs.draft_loop(target.graphdef, self.drafter, batch=batch,
@@ -95,7 +95,7 @@ class Timed:
                                  cache_len=cfg.cache_len, sampler=harness.sampler)
       self.together = (together, (target.params, dparams, state, verified))
     self.calls = [v for v in self.verify.values()] + (
-        [self.draft, self.together] if self.draft else [])
+        [self.draft, self.together, self.pass_only] if self.draft else [])
 
   def warm_up(self, tokens, lens, rng):
     for dec in (self.dec, self.short):
@@ -110,7 +110,8 @@ class Timed:
     for w, (fn, args) in self.verify.items():
       times[f"verify{w}"] = _wall(fn, *args, INNER)[0], _wall(fn, *args, 2 * INNER)[0]
     if self.draft is not None:
-      for name, (fn, args) in (("draft", self.draft), ("together", self.together)):
+      for name, (fn, args) in (("draft", self.draft), ("together", self.together),
+                               ("pass", self.pass_only)):
         times[name] = _wall(fn, *args, INNER)[0], _wall(fn, *args, 2 * INNER)[0]
     return {"times": times, "result": result}
 
@@ -119,7 +120,9 @@ class Timed:
     (noise only adds time), costs as slopes (launch cost left out, as in specjax.costs)."""
     fast = {key: np.min([s["times"][key] for s in samples], axis=0)
             for key in samples[0]["times"]}
-    slope = lambda key: max(fast[key][1] - fast[key][0], 0.0) / INNER
+    # a slope lost in the noise falls back to the launch-inclusive figure, as in costs.slopes
+    slope = lambda key: (float(fast[key][1] - fast[key][0]) / INNER if fast[key][1] > fast[key][0]
+                         else float(fast[key][1]) / (2 * INNER))
     result = samples[0]["result"]  # every round decodes the same tokens (same key)
     t_verify = {w: slope(f"verify{w}") for w in self.widths}
     if len(self.widths) > 1:  # the widths this batch's steps verified at
@@ -128,8 +131,8 @@ class Timed:
     else:
       verify = t_verify[self.widths[0]]
     counts = np.asarray(result.accept_counts)
-    full = t_verify[self.widths[-1]]
-    t_draft = max(slope("together") - full, 0.0) if self.draft else 0.0
+    t_draft = max(slope("together") - slope("pass"), 0.0) if self.draft else 0.0
+    bare = slope("pass") if self.draft else t_verify[self.widths[-1]]
     return {"wall": fast["wall"], "fixed": fast["fixed"],
             "steps": int(result.target_calls) - 1,
             "tokens": int(np.asarray(result.num_tokens_B)[:real].sum()),
@@ -137,7 +140,8 @@ class Timed:
             # T_draft as the accounting model prices it (specjax.costs.draft_cost): the
             # drafter's marginal cost next to the target's pass over K + 1 positions
             "parts": t_draft + verify,
-            "together": t_draft + full, "apart": (slope("draft") if self.draft else 0.0) + full}
+            "together": slope("together") if self.draft else bare,
+            "apart": (slope("draft") if self.draft else 0.0) + bare}
 
 
 def _ms(x):
@@ -182,10 +186,12 @@ def _row(temperature, batch, method, pairs):
   med = lambda xs: float(np.median(xs))
   measured = [(m["tokens"] / m["wall"]) / (a["tokens"] / a["wall"]) for a, m in pairs]
   # AR's own row: its loop against one bare target pass per token
+  # the decode's time in its steps (the prefill call taken out, unless noise swallowed it)
+  stepping = lambda e: (e["wall"] - e["fixed"] if e["wall"] > e["fixed"] else e["wall"])
   predicted = [m["tau"] * a["parts"] / m["parts"] if method != "ar" else
-               a["parts"] * a["steps"] / (a["wall"] - a["fixed"]) for a, m in pairs]
+               a["parts"] * a["steps"] / stepping(a) for a, m in pairs]
   ratio = [x / y for x, y in zip(measured, predicted)] if method != "ar" else predicted
-  loop = [(m["wall"] - m["fixed"]) / max(m["steps"], 1) for _, m in pairs]
+  loop = [stepping(m) / m["steps"] for _, m in pairs]
   parts = [m["parts"] for _, m in pairs]
   lo, hi = np.percentile(ratio, [10, 90])
   return (f"{temperature:g}", str(batch), method, f"{med([m['tau'] for _, m in pairs]):.2f}",

@@ -84,20 +84,27 @@ def context_cache(graphdef, params, *, batch: int, context_len: int, cache_len: 
   return prefill(params, jnp.full((batch, int(context_len)), 3, jnp.int32)).cache
 
 
-def verify_loop(graphdef, *, batch: int, n: int):
+def verify_loop(graphdef, *, batch: int, n: int, sampler: Sampler | None = None):
   """Jitted (params, cache, trips) -> `trips` target passes over n new positions, back to
-  back, each written into the cache at its context length (what one verify step pays)."""
+  back, each written into the cache at its context length (what one verify step pays). With
+  a sampling `sampler` (T > 0), each pass also draws one token from its last position's
+  logits: what an AR step pays per token, and a verify step for its residual or bonus token
+  (a draw over the vocabulary costs a fifth of a pass on the reference target)."""
+  draws = sampler is not None and not sampler.greedy
 
   @jax.jit
   def many(params, cache, trips):
     target = nnx.merge(graphdef, params)
 
-    def body(_, carry):
+    def body(i, carry):
       acc, cache = carry
       tokens = jnp.full((batch, n), 3, jnp.int32) + (acc > 1e9).astype(jnp.int32)[:, None]
       out = target(tokens, cache=cache)
+      last = out.logits_BxTxV[:, -1]
+      if draws:
+        last = sampler.sample(last, jax.random.fold_in(jax.random.key(0), i))[:, None]
       # the write into the cache is part of the pass; the context stays where it was
-      return acc + out.logits_BxTxV[:, -1, 0], out.cache.rollback(cache.end_B)
+      return acc + last[:, 0], out.cache.rollback(cache.end_B)
 
     return jax.lax.fori_loop(0, trips, body, (jnp.zeros((batch,), jnp.float32), cache))[0]
 
@@ -105,14 +112,16 @@ def verify_loop(graphdef, *, batch: int, n: int):
 
 
 def verify_costs(graphdef, params, *, batch: int, ns, context_len, cache_len: int,
-                 reps: int = 15, inner: int = 20) -> dict[int, float]:
+                 reps: int = 15, inner: int = 20,
+                 sampler: Sampler | None = None) -> dict[int, float]:
   """Seconds for one target pass over n new positions (cache at context_len; the mean over
-  context lengths if several are given), for each n."""
+  context lengths if several are given), for each n; with a sampling `sampler`, the pass and
+  one draw from its logits (see `verify_loop`)."""
   caches = [context_cache(graphdef, params, batch=batch, context_len=c, cache_len=cache_len)
             for c in _contexts(context_len)]
   out = {}
   for n in ns:
-    many = verify_loop(graphdef, batch=batch, n=int(n))
+    many = verify_loop(graphdef, batch=batch, n=int(n), sampler=sampler)
     out[int(n)] = float(np.mean([seconds_per_call(many, (params, cache), inner, reps)
                                  for cache in caches]))
   return out

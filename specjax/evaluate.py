@@ -261,7 +261,8 @@ def step_costs(cfg, target, drafter, dparams, sampler, lens, k) -> dict:
   start = int(np.mean(lens))
   contexts = sorted({start, start + cfg.max_new_tokens // 2, start + cfg.max_new_tokens})
   kw = dict(batch=cfg.batch_size, context_len=contexts, cache_len=cfg.cache_len)
-  t = costs.verify_costs(target.graphdef, target.params, ns=sorted({1, k + 1}), **kw)
+  t = costs.verify_costs(target.graphdef, target.params, ns=sorted({1, k + 1}), sampler=sampler,
+                        **kw)
   t_draft = 0.0 if drafter is None else costs.draft_cost(
       target.graphdef, target.params, drafter, dparams, sampler=sampler, **kw)
   return {"t_ar": t[1], "t_verify": t[k + 1], "t_draft": t_draft}

@@ -52,7 +52,7 @@ def test_loop_efficiency_prints_paired_rows(tiny_run, capsys):
   assert [r[2] for r in rows] == ["ar", "prompt_lookup", "draft"]
   for r in rows:
     tau, efficiency = float(r[3]), float(r[6])
-    assert tau >= 1.0 and efficiency > 0  # medians of real figures, not NaN
+    assert tau >= 1.0 and 0 < efficiency < float("inf")  # medians of real figures
   assert "AR step time at a fixed committed length" in out and "512" in out
 
 

@@ -79,3 +79,15 @@ def test_step_loop_runs_the_drafter_and_the_target_pass():
 
   assert computes_window_logits(both) and not computes_window_logits(alone)
   assert both(p, dp, state, verified, 3).shape == (2,)
+
+
+def test_verify_loop_draws_a_token_per_pass_only_when_sampling():
+  """At T > 0 an AR step pays a draw over the vocabulary per token, so T_ar includes one."""
+  g, p = tiny_model(61, seed=0)
+  cache = costs.context_cache(g, p, batch=1, context_len=8, cache_len=32)
+
+  def lowered(sampler):
+    return costs.verify_loop(g, batch=1, n=1, sampler=sampler).lower(p, cache, 2).as_text()
+
+  assert "threefry" not in lowered(None) and "threefry" not in lowered(Sampler())
+  assert "threefry" in lowered(Sampler(temperature=1.0))

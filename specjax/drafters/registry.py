@@ -77,10 +77,11 @@ def _dspark(cfg, target):
   if sched == "load_aware":  # T(w) and T_draft at this batch size, measured once at start-up
     kw = dict(batch=cfg.batch_size, cache_len=cfg.cache_len,
               context_len=min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2))
+    sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
     t = costs.verify_costs(target.graphdef, target.params, ns=[w + 1 for w in drafter.widths],
-                           **kw)
+                           sampler=sampler, **kw)
     t_draft = costs.draft_cost(target.graphdef, target.params, drafter, params,
-                               sampler=Sampler(cfg.temperature, cfg.top_k, cfg.top_p), **kw)
+                               sampler=sampler, **kw)
     drafter = dataclasses.replace(drafter, width_seconds=tuple(t[w + 1] for w in drafter.widths),
                                   draft_seconds=t_draft)
   return dataclasses.replace(drafter, schedule=sched), params
