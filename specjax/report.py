@@ -373,10 +373,17 @@ def claim_accounting(tables, sweeps) -> tuple[str, str]:
     ok &= bool(np.all(np.abs(ratio - 1) <= 0.15))
     parts.append(f"measured / predicted speedup {ratio.min():.2f}-{ratio.max():.2f} "
                  f"(median {np.median(ratio):.2f}) over {len(ratio)} method runs")
-  why = ("tau follows from a_k when drafts do not depend on K, and the loop costs little "
-         "beyond its two passes" if ok else "the speedup misses what the loop pays beyond the "
-         "drafter's and the target's passes (verification, commits, sampling: 0.2-1 ms a step "
-         "on CPU, see bench/loop_efficiency.py) and the noise of timing sub-millisecond passes")
+  if ok:
+    why = ("tau follows from a_k when drafts do not depend on K, and the loop costs little "
+           "beyond its two passes")
+  elif errors_speed and abs(float(np.median(errors_speed)) - 1) <= 0.15:
+    why = ("the predicted speedup is right on the median but single runs scatter: each "
+           "method's decode and its step costs are timed at different moments, on a machine "
+           "whose speed drifts (bench/loop_efficiency.py times them at the same moments)")
+  else:
+    why = ("the speedup misses what the loop pays beyond the drafter's and the target's "
+           "passes (verification, commits; bench/loop_efficiency.py shows where a step's time "
+           "goes) or tau at smaller K differs from the a_k measured at the largest")
   return ("holds" if ok else "does not hold here"), "; ".join(parts) + f". Why: {why}"
 
 

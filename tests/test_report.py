@@ -171,6 +171,14 @@ def test_claim_verdicts_follow_the_figures():
   off = {("drafts", 0.0): {"rows": [dict(r, tau=r["tau"] * 1.3) if r["K"] == 1 else r
                                     for r in rows]}}
   assert report.claim_accounting({}, off)[0] == "does not hold here"
+  # speedups: right on the median but scattered, against short of the prediction
+  table = lambda *ratios: {0.0: {f"m{i}": {"speedup_vs_ar": r, "speedup_predicted": 1.0}
+                                 for i, r in enumerate(ratios)}}
+  verdict, text = report.claim_accounting(table(0.7, 1.0, 1.3), {})
+  assert verdict == "does not hold here" and "right on the median" in text
+  verdict, text = report.claim_accounting(table(0.6, 0.7, 0.8), {})
+  assert verdict == "does not hold here" and "misses what the loop pays" in text
+  assert report.claim_accounting(table(0.9, 1.0, 1.1), {})[0] == "holds"
 
 
 def test_token_drafters_train_on_the_block_drafters_regenerated_text(tiny_run, tmp_path,
