@@ -99,15 +99,17 @@ def block_drafter_defaults() -> ml_collections.ConfigDict:
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
-  """get_config() of a config file given by path (configs/*.py), as --config=PATH loads it."""
+  """get_config() of a config file given by path (configs/*.py), as --config=PATH loads it;
+  PATH:ARG calls get_config(ARG), as --config=PATH:ARG does."""
   import importlib.util
   import os
 
   from specjax.errors import SpecjaxError
+  path, _, arg = path.partition(":")
   if not os.path.exists(path):
     raise SpecjaxError(f"config file {path} does not exist")
   spec = importlib.util.spec_from_file_location(
       os.path.splitext(os.path.basename(path))[0], path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(arg) if arg else module.get_config()

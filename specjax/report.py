@@ -81,6 +81,18 @@ def load_training(root: str) -> dict[str, dict]:
   return out
 
 
+def load_settings_sweeps(root: str) -> dict[str, list[dict]]:
+  """Per model: the rows of its settings sweep (RUN_DIR/sweeps/<model>/), best first."""
+  from specjax.training import settings_sweep
+  out = {}
+  for name in MODELS:
+    folder = os.path.join(root, "sweeps", name)
+    rows = settings_sweep.collect(folder, name) if os.path.isdir(folder) else []
+    if rows:
+      out[name] = rows
+  return out
+
+
 def ordered(methods) -> list[str]:
   return [m for m in ORDER if m in methods] + sorted(m for m in methods if m not in ORDER)
 
@@ -476,6 +488,14 @@ def build(run_dir: str, out: str | None = None) -> str:
     md += ["## Training", "", training_table(training), ""]
     if plot_training(training, os.path.join(out, "training.png")):
       md += ["![validation loss](training.png)", ""]
+  settings = load_settings_sweeps(root)
+  if settings:
+    from specjax.training import settings_sweep
+    md += ["## Settings sweeps", "", "Each drafter's training settings at a short equal budget "
+           "(`python -m specjax.training.settings_sweep`, `scripts/reference_sweep.sh`), "
+           "scored by teacher-forced tau on the validation split, best first.", ""]
+    for name, rows in settings.items():
+      md += [f"{name}:", "", settings_sweep.table(rows), ""]
   for temp, table in tables.items():
     any_e = next(iter(table.values()))
     name = "greedy" if temp == 0 else f"sampling, T={temp:g}"

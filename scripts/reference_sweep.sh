@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The reference drafters' settings sweep: every variant trains for BUDGET seconds of steps
+# (default 120, a quarter of the reference budget) against RUN_DIR's target on its
+# regenerated text, scored by teacher-forced tau on the validation split
+# (python -m specjax.training.settings_sweep). Tables go to RUN_DIR/sweeps/<model>/sweep.json.
+#   bash scripts/reference_sweep.sh [run_dir] [budget_s]       (about 45 minutes; resumable)
+# Needs RUN_DIR/target and RUN_DIR/regenerated (scripts/reference.sh's first steps).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${1:-runs/reference}
+BUDGET=${2:-120}
+sweep() { python -m specjax.training.settings_sweep --run_dir="$RUN" --budget_s="$BUDGET" "$@"; }
+best() {  # best() MODEL KEY: KEY's value in MODEL's best variant so far
+  python -c "import json,sys; r=json.load(open(sys.argv[1]))['rows'][0]['settings']; print(r[sys.argv[2]])" \
+    "$RUN/sweeps/$1/sweep.json" "$2"
+}
+
+# DFlash: the learning rate at 16 blocks per sequence, then the number of blocks per sequence
+# (more supervision per target pass, but a slower step) at the best rate
+sweep --config=configs/reference.py:dflash --grid=learning_rate=1e-3,2e-3,4e-3 --set=num_anchors=16
+L=$(best dflash learning_rate)
+sweep --config=configs/reference.py:dflash --grid=num_anchors=4,8,16,32,64 --set=learning_rate="$L"
+A=$(best dflash num_anchors)
+# DSpark and DFlash 2 train the same backbone: the learning rate at 16 blocks, then DFlash's
+# best block count against 16
+for m in dspark dflash2; do
+  sweep --config=configs/reference.py:$m --grid=learning_rate=2e-3,4e-3 --set=num_anchors=16
+  sweep --config=configs/reference.py:$m --grid=num_anchors=16,"$A" \
+    --set=learning_rate="$(best $m learning_rate)"
+done
+# the token drafters: the learning rate
+sweep --config=configs/reference.py:draft --grid=learning_rate=1e-3,3e-3,1e-2,3e-2
+sweep --config=configs/reference.py:mtp_parallel --grid=learning_rate=1e-3,3e-3,1e-2,3e-2
+sweep --config=configs/reference.py:mtp_sequential --grid=learning_rate=1e-3,3e-3,1e-2
+for m in dflash dspark dflash2 draft mtp_parallel mtp_sequential; do
+  echo "== $m"
+  python -m specjax.training.settings_sweep --config=configs/reference.py:$m --run_dir="$RUN" --show
+done

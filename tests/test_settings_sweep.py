@@ -1,0 +1,98 @@
+"""The drafter settings sweep: variants train next to the shared target, are scored by their
+validation figures, and a rerun trains only what is missing."""
+
+import json
+import os
+
+import pytest
+
+from specjax.errors import SpecjaxError
+from specjax.training import settings_sweep
+from conftest import ROOT, load_config, tiny_train_config
+
+
+def test_teacher_forced_tau_of_each_drafter_kind():
+  assert settings_sweep.teacher_forced_tau({"val_block_tau": 3.25}) == 3.25
+  # MTP: prefix products of the per-depth accuracies
+  row = {"val_acc_d1": 0.5, "val_acc_d2": 0.4, "val_acc_d3": 0.5}
+  assert settings_sweep.teacher_forced_tau(row) == pytest.approx(1 + 0.5 + 0.2 + 0.1)
+  # the draft model: its per-token agreement a over TOKEN_DEPTH drafts
+  a = 0.5
+  assert settings_sweep.teacher_forced_tau({"val_accuracy": a}) == pytest.approx(
+      1 + a + a**2 + a**3 + a**4)
+  with pytest.raises(SpecjaxError, match="no validation accuracy"):
+    settings_sweep.teacher_forced_tau({"val_loss": 1.0})
+
+
+def test_settings_are_parsed_and_cast_to_the_configs_types():
+  cfg = load_config("dflash_tiny.py")
+  grid = settings_sweep.parse_assignments(["num_anchors=16,32", "learning_rate=1e-3"], many=True)
+  assert grid == {"num_anchors": [16, 32], "learning_rate": [1e-3]}
+  combos = settings_sweep.variants(grid)
+  assert combos == [{"num_anchors": 16, "learning_rate": 1e-3},
+                    {"num_anchors": 32, "learning_rate": 1e-3}]
+  # names sort their keys, so the same settings given in another order are the same variant
+  assert settings_sweep.variant_name(combos[0]) == settings_sweep.variant_name(
+      {"learning_rate": 1e-3, "num_anchors": 16}) == "learning_rate=0.001,num_anchors=16"
+  settings_sweep.set_key(cfg, "learning_rate", 1)  # an int where the config holds a float
+  assert isinstance(cfg.learning_rate, float) and cfg.learning_rate == 1.0
+  settings_sweep.set_key(cfg, "regen.batch_size", 8)
+  assert cfg.regen.batch_size == 8
+  with pytest.raises(SpecjaxError, match="no key 'num_anchor'"):
+    settings_sweep.set_key(cfg, "num_anchor", 8)
+  with pytest.raises(SpecjaxError, match="integer"):
+    settings_sweep.set_key(cfg, "num_anchors", 2.5)
+  with pytest.raises(SpecjaxError, match="expected key=value"):
+    settings_sweep.parse_assignments(["num_anchors"], many=True)
+
+
+def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus_dir, tfds_dir,
+                                                       tmp_path, capsys):
+  from specjax.training import registry
+  base = tmp_path / "base"
+  os.makedirs(base)
+  os.symlink(os.path.join(tiny_run, "target"), base / "target")
+  cfg = tiny_train_config("draft_tiny.py", base, template_corpus_dir, tfds_dir, num_steps=4,
+                          eval_every=4, **{"model.num_layers": 1})
+  trained = []
+
+  def train(c):
+    trained.append(c.learning_rate)
+    return registry.train(c)
+
+  rows = settings_sweep.sweep(cfg, str(base), {"learning_rate": [1e-4, 1e-2]}, train_fn=train)
+  assert sorted(trained) == [1e-4, 1e-2]
+  assert len(rows) == 2
+  keys = [(-round(r["teacher_forced_tau"], 2), r["val_loss"]) for r in rows]
+  assert keys == sorted(keys)  # best first: tau to 2 decimals, then validation loss
+  for r in rows:
+    variant = base / "sweeps" / "draft" / r["variant"]
+    assert os.path.islink(variant / "target")  # the shared target, not a copy
+    saved = json.load(open(variant / "draft" / "config.json"))
+    assert saved["learning_rate"] == r["settings"]["learning_rate"]
+    last = settings_sweep.final_metrics(str(variant / "draft"))
+    assert r["steps"] == last["step"] == 4
+    assert r["teacher_forced_tau"] == pytest.approx(
+        sum(last["val_accuracy"] ** k for k in range(5)))
+  # the two learning rates train different models
+  assert rows[0]["val_loss"] != rows[1]["val_loss"]
+  assert json.load(open(base / "sweeps" / "draft" / "sweep.json"))["rows"] == rows
+
+  # a rerun trains only the new variant and reports all three
+  rows = settings_sweep.sweep(cfg, str(base), {"learning_rate": [1e-2, 1e-3]}, train_fn=train)
+  assert sorted(trained) == [1e-4, 1e-3, 1e-2]
+  assert len(rows) == 3
+
+  # the report of the base folder shows the sweep, best first
+  from specjax import report
+  md = open(report.build(str(base), str(tmp_path / "report"))).read()
+  section = md[md.index("## Settings sweeps"):]
+  assert section.index(rows[0]["variant"] + " (best)") < section.index(rows[1]["variant"])
+
+  config_path = os.path.join(ROOT, "configs", "draft_tiny.py")
+  settings_sweep.main([f"--config={config_path}", f"--run_dir={base}", "--show"])
+  out = capsys.readouterr().out
+  assert out.count("| learning_rate=") == 3 and "(best)" in out
+  with pytest.raises(SystemExit):
+    settings_sweep.main([f"--config={config_path}", f"--run_dir={tmp_path}", "--show"])
+  assert "no sweep of draft" in capsys.readouterr().err
