@@ -5,8 +5,9 @@ wall-clock budget, on the same regenerated text (the target's own continuations)
 
 One of: draft, mtp_parallel, mtp_sequential, dflash, dspark, dflash2. Each starts from its
 tiny config (configs/*_tiny.py) with the settings below and its swept ones (SWEPT);
-scripts/reference.sh trains them all. The draft model (KL to the target), MTP (the target's greedy token) and the three block
-drafters all train on the regenerated continuations in runs/reference/regenerated/.
+scripts/reference.sh trains them all. The draft model (KL to the target), MTP (the target's
+greedy token) and the three block drafters all train on the regenerated continuations in
+runs/reference/regenerated/.
 """
 
 import os
