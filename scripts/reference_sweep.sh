@@ -19,8 +19,12 @@ best() {  # best() MODEL KEY: KEY's value in MODEL's best variant so far
 # (more supervision per target pass, but a slower step) at the best rate
 sweep --config=configs/reference.py:dflash --grid=learning_rate=1e-3,2e-3,4e-3 --set=num_anchors=16
 L=$(best dflash learning_rate)
-sweep --config=configs/reference.py:dflash --grid=num_anchors=4,8,16,32,64 --set=learning_rate="$L"
+sweep --config=configs/reference.py:dflash --grid=num_anchors=2,4,8,16,32,64 --set=learning_rate="$L"
 A=$(best dflash num_anchors)
+# which target layers DFlash reads: the default spreads 3 over 1..L-1 (the target has 4);
+# does the last layer's residual stream (the one the LM head reads) help?
+sweep --config=configs/reference.py:dflash --grid="feature_layers=(1,2,3),(2,3,4),(1,2,3,4),(4,)" \
+  --set=learning_rate="$L" --set=num_anchors="$A"
 # DSpark and DFlash 2 train the same backbone: the learning rate at 16 blocks, then DFlash's
 # best block count against 16
 for m in dspark dflash2; do

@@ -44,6 +44,12 @@ def test_settings_are_parsed_and_cast_to_the_configs_types():
     settings_sweep.set_key(cfg, "num_anchors", 2.5)
   with pytest.raises(SpecjaxError, match="expected key=value"):
     settings_sweep.parse_assignments(["num_anchors"], many=True)
+  # tuple values: commas inside brackets belong to the value
+  grid = settings_sweep.parse_assignments(["feature_layers=(1,2,3),(4,),[2, 4]"], many=True)
+  assert grid == {"feature_layers": [(1, 2, 3), (4,), [2, 4]]}
+  assert settings_sweep.variant_name({"feature_layers": (1, 2, 3)}) == "feature_layers=(1,2,3)"
+  settings_sweep.set_key(cfg, "feature_layers", (2, 4))
+  assert tuple(cfg.feature_layers) == (2, 4)
 
 
 def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus_dir, tfds_dir,

@@ -41,14 +41,26 @@ def parse_value(text: str):
     return text
 
 
+def split_values(text: str) -> list[str]:
+  """'a,(1,2),[3]' -> ['a', '(1,2)', '[3]']: commas inside brackets do not split."""
+  parts, depth, start = [], 0, 0
+  for i, ch in enumerate(text):
+    depth += (ch in "([") - (ch in ")]")
+    if ch == "," and depth == 0:
+      parts.append(text[start:i])
+      start = i + 1
+  return parts + [text[start:]]
+
+
 def parse_assignments(items, many: bool) -> dict:
-  """["key=v1,v2", ...] -> {key: [v1, v2]} (many) or ["key=v"] -> {key: v}."""
+  """["key=v1,v2", ...] -> {key: [v1, v2]} (many) or ["key=v"] -> {key: v}. A value may be
+  a tuple: feature_layers=(1,2,3),(2,3,4)."""
   out = {}
   for item in items or ():
     key, sep, value = item.partition("=")
     if not sep or not key or not value:
       raise SpecjaxError(f"'{item}': expected key=value{',value...' if many else ''}")
-    out[key] = [parse_value(v) for v in value.split(",")] if many else parse_value(value)
+    out[key] = [parse_value(v) for v in split_values(value)] if many else parse_value(value)
   return out
 
 
@@ -77,7 +89,12 @@ def variants(grid: dict) -> list[dict]:
 
 
 def variant_name(settings: dict) -> str:
-  return ",".join(f"{k}={settings[k]}" for k in sorted(settings)) or "base"
+  return ",".join(f"{k}={_short(settings[k])}" for k in sorted(settings)) or "base"
+
+
+def _short(value) -> str:
+  """A value as a folder name: tuples without spaces, (1,2,3)."""
+  return repr(value).replace(" ", "") if isinstance(value, (tuple, list)) else str(value)
 
 
 def teacher_forced_tau(row: dict) -> float:
