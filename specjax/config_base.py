@@ -87,6 +87,9 @@ def block_drafter_defaults() -> ml_collections.ConfigDict:
   c.feature_layers = ()  # target layers to read; empty = num_feature_layers spread evenly
   c.num_feature_layers = 3
   c.num_anchors = 16  # blocks per sequence per step
+  # True: the target's features over every regenerated row computed once, kept in host memory
+  # and read per batch instead of a target pass per step (specjax/training/feature_cache.py)
+  c.feature_cache = False
   c.label_source = "target"  # target: train on the target's greedy continuations | data
   c.regen = ml_collections.ConfigDict(
       {"num_sequences": 768, "num_validation": 64, "prompt_len": 32, "new_tokens": 96,

@@ -5,7 +5,8 @@ its own budget, so the step count is fixed before training starts: the jitted tr
 timed on copies of the initial state (compilation excluded, fastest of a few runs), and
 num_steps = S / seconds_per_step. The figure is written to `<model dir>/budget.json`, so a
 resumed run keeps the same schedule instead of measuring again on a machine that may be busier.
-The budget counts training steps only; validation and checkpoint writes come on top.
+The budget counts training steps and a feature cache's one-time build (feature_cache.py);
+validation and checkpoint writes come on top.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def seconds_per_step(step_fn, params, opt_state, frozen, batch, rng, runs: int =
   return float(np.min(times))
 
 
-def steps_for_budget(cfg, workdir: str, measure) -> int:
+def steps_for_budget(cfg, workdir: str, measure, setup_seconds: float = 0.0) -> int:
   """num_steps for cfg.time_budget_s (> 0); `measure()` -> seconds per training step, called
-  only when the model dir holds no earlier decision for this budget."""
+  only when the model dir holds no earlier decision for this budget. setup_seconds: one-time
+  work the run did for its steps (a feature cache), taken out of the budget."""
   budget = float(cfg.time_budget_s)
   path = os.path.join(workdir, FILE)
   if os.path.exists(path):
@@ -52,12 +54,16 @@ def steps_for_budget(cfg, workdir: str, measure) -> int:
     raise SpecjaxError(
         f"{workdir} was trained with time_budget_s={saved['time_budget_s']}, not {budget}; "
         "use that budget to resume, or a fresh run_dir")
+  if setup_seconds >= budget:
+    raise SpecjaxError(f"the one-time setup took {setup_seconds:.0f} s, the whole "
+                       f"time_budget_s={budget:.0f}")
   step_seconds = measure()
-  steps = max(1, int(budget / step_seconds))
+  steps = max(1, int((budget - setup_seconds) / step_seconds))
   if jax.process_index() == 0:
     with open(path, "w") as f:
-      json.dump({"time_budget_s": budget, "seconds_per_step": step_seconds, "num_steps": steps},
-                f, indent=1)
-  print(f"[budget] {budget:.0f} s at {step_seconds * 1e3:.1f} ms/step -> {steps} steps",
+      json.dump({"time_budget_s": budget, "setup_seconds": setup_seconds,
+                 "seconds_per_step": step_seconds, "num_steps": steps}, f, indent=1)
+  setup = f" after {setup_seconds:.0f} s of setup" if setup_seconds else ""
+  print(f"[budget] {budget:.0f} s{setup} at {step_seconds * 1e3:.1f} ms/step -> {steps} steps",
         flush=True)
   return steps

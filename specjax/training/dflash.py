@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +20,10 @@ import optax
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.training import regenerate
+from specjax.training import feature_cache, regenerate
 from specjax.drafters.dflash import build_model, feature_layers
 from specjax.errors import SpecjaxError
+from specjax.models.transformer import TransformerOutput
 from specjax.training.loop import TrainTask, train
 from specjax.training.target import data_for
 
@@ -71,8 +73,12 @@ def target_and_anchors(target, batch, layers, rng, num_anchors: int, compute_log
   """The frozen target's outputs (features from `layers`) on the batch, and `num_anchors`
   anchors per row among positions whose next token carries a label."""
   tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-  out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                                     feature_layers=layers, compute_logits=compute_logits))
+  if feature_cache.FEATURES in batch:  # precomputed (feature_cache=True): no target pass
+    features, hidden, logits = feature_cache.cached_output(target, batch, compute_logits)
+    out = jax.lax.stop_gradient(TransformerOutput(logits, hidden, features, None))
+  else:
+    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
+                                       feature_layers=layers, compute_logits=compute_logits))
   valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the next token is a label
   anchors, real = sample_anchors(rng, valid_anchor, num_anchors)
   return out, anchors, real
@@ -129,11 +135,14 @@ class Setup:
   train_data: object
   eval_data: object
   num_params: int
+  setup_seconds: float = 0.0  # building the feature cache: comes out of a time budget
 
 
-def prepare(cfg, build) -> Setup:
+def prepare(cfg, build, target_logits: bool = True) -> Setup:
   """Checks, saves the config, loads the target and the data (regenerated or corpus) for a
-  block drafter built by build(cfg, target_cfg, rngs)."""
+  block drafter built by build(cfg, target_cfg, rngs). target_logits: the loss reads the
+  target's logits (a feature cache then keeps the final hidden states too)."""
+  feature_cache.check(cfg)
   if cfg.num_anchors > cfg.seq_len:
     raise SpecjaxError(f"num_anchors={cfg.num_anchors} exceeds seq_len={cfg.seq_len}")
   if cfg.label_source not in ("data", "target"):
@@ -145,16 +154,25 @@ def prepare(cfg, build) -> Setup:
                                             "config.json"))
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(cfg, target.model_cfg, nnx.Rngs(0))),
                           nnx.Param)
+  t0 = time.perf_counter()
   if cfg.label_source == "target":
-    train_ds, val = regenerate.regenerated_data(cfg, target, tok)
+    per_row = (feature_cache.per_row(target, tuple(layers), target_logits)
+               if cfg.get("feature_cache", False) else None)
+    train_ds, val = regenerate.regenerated_data(cfg, target, tok, per_row)
   else:
     train_ds, val = data_for(cfg, tok)
+  setup_seconds = 0.0
+  if cfg.get("feature_cache", False):
+    setup_seconds = time.perf_counter() - t0
+    print(f"[{cfg.method}] feature cache: the target's pass over every regenerated row "
+          f"in {setup_seconds:.0f} s", flush=True)
 
   def init_params(rng):
     return nnx.state(build(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)
 
   n = sum(x.size for x in jax.tree.leaves(jax.eval_shape(init_params, jax.random.key(0))))
-  return Setup(target, graphdef, init_params, tuple(layers), train_ds, val, int(n))
+  return Setup(target, graphdef, init_params, tuple(layers), train_ds, val, int(n),
+               setup_seconds)
 
 
 def run(cfg, setup: Setup, make_loss):
@@ -164,16 +182,18 @@ def run(cfg, setup: Setup, make_loss):
                    train_data=setup.train_data, eval_data=setup.eval_data,
                    frozen=setup.target.params,
                    summary={"num_params": setup.num_params,
-                            "feature_layers": list(setup.layers)})
+                            "feature_layers": list(setup.layers)},
+                   setup_seconds=setup.setup_seconds)
   return train(cfg, task)
 
 
-def train_dflash(cfg, build=build_model, make_loss=dflash_loss):
+def train_dflash(cfg, build=build_model, make_loss=dflash_loss, target_logits=False):
   """build(cfg, target_cfg, rngs) and make_loss(model graphdef, target graphdef, cfg, layers):
-  DFlash's own by default (DFlash 2 passes its model and loss)."""
+  DFlash's own by default (DFlash 2 passes its model and loss, which reads the target's
+  logits)."""
   if cfg.block_size < 2:
     raise SpecjaxError(f"block_size must be >= 2, got {cfg.block_size}")
-  setup = prepare(cfg, build)
+  setup = prepare(cfg, build, target_logits)
   print(f"[{cfg.method}] {setup.num_params / 1e6:.2f}M parameters, {cfg.num_layers} layers, "
         f"target features from layers {setup.layers}, block {cfg.block_size}, gamma "
         f"{cfg.gamma}, labels from {cfg.label_source}", flush=True)

@@ -78,4 +78,5 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
 
 
 def train_dflash2(cfg):
-  return dflash_training.train_dflash(cfg, build=build_model, make_loss=dflash2_loss)
+  return dflash_training.train_dflash(cfg, build=build_model, make_loss=dflash2_loss,
+                                     target_logits=True)

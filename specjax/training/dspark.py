@@ -105,7 +105,7 @@ def _check(cfg):
 
 def train_dspark(cfg):
   _check(cfg)
-  setup = dflash_training.prepare(cfg, build_model)
+  setup = dflash_training.prepare(cfg, build_model, target_logits=True)
   print(f"[{cfg.method}] {setup.num_params / 1e6:.2f}M parameters, {cfg.num_layers} layers, "
         f"features from layers {setup.layers}, block {cfg.block_size} (every slot predicts), "
         f"Markov rank {cfg.markov_rank}, gamma {cfg.gamma}", flush=True)

@@ -100,8 +100,12 @@ def as_batch(rows: np.ndarray, pad_id: int = tokenizer_lib.PAD_ID, prompt_len: i
   return batch
 
 
-def regenerated_data(cfg, target, tok):
-  """(train IterDataset of batches, validation batches) over the target's continuations."""
+def regenerated_data(cfg, target, tok, per_row=None):
+  """(train IterDataset of batches, validation batches) over the target's continuations.
+
+  per_row(batches) -> {name: [N, ...] array}: inputs computed once per row (from the rows in
+  order, as batches) that every batch then carries for its own rows under those names (the
+  block drafters' feature cache)."""
   r = cfg.regen
   if r.prompt_len + r.new_tokens != cfg.seq_len:
     raise SpecjaxError(f"regen.prompt_len + regen.new_tokens = {r.prompt_len + r.new_tokens} "
@@ -110,13 +114,27 @@ def regenerated_data(cfg, target, tok):
   val_rows = regenerated(cfg, target, tok, cfg.data.validation_split, r.num_validation)
   pad_id = run_dir_lib.load_special_ids(cfg.run_dir).pad_id
   local = cfg.batch_size // jax.process_count()
-  ds = grain.MapDataset.source(list(train_rows))
+
+  def extras(rows):
+    if per_row is None:
+      return {}
+    chunk = max(local, 32)
+    return per_row([as_batch(rows[i:i + chunk], pad_id, r.prompt_len)
+                    for i in range(0, len(rows), chunk)])
+
+  def batch_of(rows, extra, idx):
+    idx = np.asarray(idx, np.int64)
+    b = as_batch(rows[idx], pad_id, r.prompt_len)
+    b.update({k: v[idx] for k, v in extra.items()})
+    return b
+
+  train_extra, val_extra = extras(train_rows), extras(val_rows)
+  ds = grain.MapDataset.source(list(range(len(train_rows))))
   if jax.process_count() > 1:
     ds = ds[jax.process_index()::jax.process_count()]
   ds = ds.shuffle(seed=cfg.seed).repeat().batch(local, drop_remainder=True)
-  ds = ds.map(lambda rows: as_batch(np.stack(rows) if isinstance(rows, list) else rows,
-                                    pad_id, r.prompt_len))
-  val = [as_batch(val_rows[i:i + local], pad_id, r.prompt_len)
+  ds = ds.map(lambda idx: batch_of(train_rows, train_extra, idx))
+  val = [batch_of(val_rows, val_extra, np.arange(i, i + local))
          for i in range(0, len(val_rows) - local + 1, local)]
   return ds.to_iter_dataset(), val[:cfg.eval_batches]
 
