@@ -14,6 +14,9 @@ def get_config():
   c.method = "draft"
   c.num_steps = 200
   c.distill = True  # KL to the frozen target's logits; False = next-token loss on the data
+  c.train_on = "corpus"  # corpus | regenerated (the block drafters' regenerated rows)
+  # True (with train_on=regenerated): the target's outputs per row computed once, not per step
+  c.feature_cache = False
   c.model = config_base.model_defaults()
   c.model.num_layers = 1
   c.model.d_model = 128

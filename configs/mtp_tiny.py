@@ -18,6 +18,9 @@ def get_config():
   c.depth_weights = ()  # loss weight per depth; empty = 1.0 each (DeepSeek-V3 used 0.3/0.1)
   c.label_source = "target"  # target: the target's greedy predictions | data: the corpus
   c.freeze_target = True  # False: train the target jointly (for MTP pretraining)
+  c.train_on = "corpus"  # corpus | regenerated (the block drafters' regenerated rows)
+  # True (with train_on=regenerated): the target's outputs per row computed once, not per step
+  c.feature_cache = False
   c.num_steps = 200  # scripts/tiny.sh gives the (2.5x costlier) sequential variant 120
   c.learning_rate = 3e-3
   return c

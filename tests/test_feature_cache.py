@@ -1,18 +1,25 @@
-"""The block drafters' feature cache: the cached batch gives the same loss as the target's pass
-over the same (shuffled) rows, the cache is really what the loss reads, its build time comes
-out of a time budget, and a cached run trains."""
+"""The feature cache: for every drafter that reads the frozen target (DFlash, DSpark, DFlash 2,
+the distilled draft model, both MTP variants) the cached batch gives the same loss as the
+target's pass over the same (shuffled) rows, the cache is really what the loss reads, its
+build time comes out of a time budget, bad settings are one-line errors, and cached runs
+train."""
 
 import json
 import os
 import shutil
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
+from flax import nnx
+
 from conftest import tiny_train_config
+from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
-from specjax.training import budget, dflash, dflash2, dspark, feature_cache
+from specjax.training import budget, dflash, dflash2, draft, dspark, feature_cache, mtp
+from specjax.training import regenerate
 
 LOSSES = {"dflash_tiny.py": (dflash.build_model, dflash.dflash_loss, False),
           "dspark_tiny.py": (dspark.build_model, dspark.dspark_loss, True),
@@ -29,8 +36,11 @@ def run(tiny_run, tmp_path_factory):
 def config(name, run, corpus_dir, tfds_dir, **overrides):
   cfg = tiny_train_config(name, run, corpus_dir, tfds_dir, num_anchors=4, feature_cache=True,
                           **overrides)
-  cfg.regen.update(dict(num_sequences=24, num_validation=8, prompt_len=8, new_tokens=24,
-                        batch_size=24))
+  regen = dict(num_sequences=24, num_validation=8, prompt_len=8, new_tokens=24, batch_size=24)
+  if "regen" in cfg:
+    cfg.regen.update(regen)
+  else:  # the token drafters: the block drafters' regenerated rows (configs/reference.py)
+    cfg.regen = ml_collections.ConfigDict(regen)
   return cfg
 
 
@@ -63,10 +73,72 @@ def test_cached_loss_equals_the_target_pass(name, run, template_corpus_dir, tfds
                                      rng)[0], rtol=1e-5)
 
 
-def test_cache_needs_regenerated_rows(run, template_corpus_dir, tfds_dir):
+def token_drafter_setup(name, run, corpus_dir, tfds_dir, variant=None):
+  """(cfg, loss_fn, params, frozen, cached train batch, cached validation batch)."""
+  cfg = config(name, run, corpus_dir, tfds_dir, train_on="regenerated", seq_len=32,
+               **({"variant": variant} if variant else {}))
+  target = run_dir_lib.load_target(run)
+  tok = run_dir_lib.load_tokenizer(run)
+  if variant is None:
+    cache = feature_cache.builder(cfg, target, (), with_hidden=True)
+    graphdef, params = nnx.split(_init_draft(cfg, run), nnx.Param)
+    loss_fn = draft.draft_loss(graphdef, target.graphdef, True)
+  else:
+    cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), True)
+    heads = mtp.build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))
+    graphdef, params = nnx.split(heads, nnx.Param)
+    loss_fn = mtp.mtp_loss(variant, graphdef, target.graphdef, cfg)
+  train_ds, val = regenerate.drafter_data(cfg, target, tok, cache)
+  assert cache.seconds > 0
+  return cfg, jax.jit(loss_fn), params, target.params, next(iter(train_ds)), val[0]
+
+
+def _init_draft(cfg, run):
+  from specjax.models import Transformer
+  return Transformer(run_dir_lib.transformer_config(cfg.model, run_dir_lib.vocab_size(run)),
+                     rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("variant", [None, "parallel", "sequential"])
+def test_token_drafters_cached_loss_equals_the_target_pass(variant, run, template_corpus_dir,
+                                                            tfds_dir):
+  name = "draft_tiny.py" if variant is None else "mtp_tiny.py"
+  cfg, loss_fn, params, frozen, batch, val = token_drafter_setup(
+      name, run, template_corpus_dir, tfds_dir, variant)
+  assert feature_cache.HIDDEN in batch
+  rng = jax.random.key(0)
+  for b in (batch, val):
+    online = {k: v for k, v in b.items() if not k.startswith("cached_")}
+    loss_c, m_c = loss_fn(params, frozen, b, rng)
+    loss_o, m_o = loss_fn(params, frozen, online, rng)
+    for k in m_o:
+      np.testing.assert_allclose(m_c[k], m_o[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  # and the loss does read the cache (noise, not a permutation of rows: the parallel heads'
+  # inputs and labels both come from the hidden states, so permuted rows keep the mean loss)
+  noise = np.random.default_rng(0).normal(size=batch[feature_cache.HIDDEN].shape)
+  swapped = {**batch, feature_cache.HIDDEN: batch[feature_cache.HIDDEN] + noise}
+  if variant == "sequential":  # its modules read the residual stream, its labels the logits
+    swapped[feature_cache.FEATURES] = np.roll(batch[feature_cache.FEATURES], 1, axis=0)
+  assert abs(float(loss_fn(params, frozen, swapped, rng)[0]) -
+             float(loss_fn(params, frozen, batch, rng)[0])) > 1e-3
+
+
+def test_cache_needs_regenerated_rows_and_a_frozen_target(run, template_corpus_dir, tfds_dir):
+  from specjax.training import registry
   cfg = config("dflash_tiny.py", run, template_corpus_dir, tfds_dir, label_source="data")
-  with pytest.raises(SpecjaxError, match="feature_cache=True needs label_source='target'"):
+  with pytest.raises(SpecjaxError, match="feature_cache=True needs the regenerated rows"):
     dflash.prepare(cfg, dflash.build_model)
+  cfg = config("mtp_tiny.py", run, template_corpus_dir, tfds_dir)  # train_on: corpus
+  with pytest.raises(SpecjaxError, match="feature_cache=True needs the regenerated rows"):
+    registry.train(cfg)
+  cfg = config("mtp_tiny.py", run, template_corpus_dir, tfds_dir, train_on="regenerated",
+               freeze_target=False, seq_len=32)
+  with pytest.raises(SpecjaxError, match="needs a frozen target"):
+    registry.train(cfg)
+  cfg = config("draft_tiny.py", run, template_corpus_dir, tfds_dir, train_on="regenerated",
+               distill=False, seq_len=32)
+  with pytest.raises(SpecjaxError, match="only with distill=True"):
+    registry.train(cfg)
 
 
 def test_setup_time_comes_out_of_the_budget(tmp_path):
@@ -78,12 +150,22 @@ def test_setup_time_comes_out_of_the_budget(tmp_path):
     budget.steps_for_budget(cfg, str(tmp_path / "other"), lambda: 0.5, setup_seconds=12.0)
 
 
-def test_a_cached_run_trains(run, template_corpus_dir, tfds_dir):
+@pytest.mark.parametrize("name,folder,extra", [
+    ("dspark_tiny.py", "dspark", {}),
+    ("mtp_tiny.py", "mtp_sequential", {"variant": "sequential", "train_on": "regenerated"})])
+def test_a_cached_run_trains(name, folder, extra, run, template_corpus_dir, tfds_dir):
   from specjax.training import registry
-  cfg = config("dspark_tiny.py", run, template_corpus_dir, tfds_dir, num_steps=8, log_every=4,
-               eval_every=8, save_every=8)
+  # a 10-second budget: the steps it buys are what the cache's build leaves of it
+  cfg = config(name, run, template_corpus_dir, tfds_dir, log_every=50, eval_every=10**6,
+               save_every=10**6, time_budget_s=10.0, **extra)
   registry.train(cfg)
-  with open(os.path.join(run, "dspark", "metrics.jsonl")) as f:
+  with open(os.path.join(run, folder, "metrics.jsonl")) as f:
     rows = [json.loads(l) for l in f if '"val_loss"' in l]
-  assert [r["step"] for r in rows] == [0, 8] and rows[-1]["val_loss"] < rows[0]["val_loss"]
-  assert os.path.exists(os.path.join(run, "dspark", "calibration.json"))
+  assert rows[0]["step"] == 0 and rows[-1]["val_loss"] < rows[0]["val_loss"]
+  decided = json.load(open(os.path.join(run, folder, budget.FILE)))
+  assert 0 < decided["setup_seconds"] < 10
+  assert decided["num_steps"] == int((10 - decided["setup_seconds"])
+                                     / decided["seconds_per_step"])
+  assert rows[-1]["step"] == decided["num_steps"]
+  if folder == "dspark":
+    assert os.path.exists(os.path.join(run, folder, "calibration.json"))

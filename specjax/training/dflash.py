@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +22,6 @@ from specjax import run_dir as run_dir_lib
 from specjax.training import feature_cache, regenerate
 from specjax.drafters.dflash import build_model, feature_layers
 from specjax.errors import SpecjaxError
-from specjax.models.transformer import TransformerOutput
 from specjax.training.loop import TrainTask, train
 from specjax.training.target import data_for
 
@@ -72,13 +70,8 @@ def position_weights(block_size: int, gamma: float):
 def target_and_anchors(target, batch, layers, rng, num_anchors: int, compute_logits=True):
   """The frozen target's outputs (features from `layers`) on the batch, and `num_anchors`
   anchors per row among positions whose next token carries a label."""
-  tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-  if feature_cache.FEATURES in batch:  # precomputed (feature_cache=True): no target pass
-    features, hidden, logits = feature_cache.cached_output(target, batch, compute_logits)
-    out = jax.lax.stop_gradient(TransformerOutput(logits, hidden, features, None))
-  else:
-    out = jax.lax.stop_gradient(target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                                       feature_layers=layers, compute_logits=compute_logits))
+  seg = batch["segment_ids"]
+  out = jax.lax.stop_gradient(feature_cache.target_output(target, batch, layers, compute_logits))
   valid_anchor = (seg > 0) & (batch["loss_mask"] > 0)  # the next token is a label
   anchors, real = sample_anchors(rng, valid_anchor, num_anchors)
   return out, anchors, real
@@ -142,7 +135,7 @@ def prepare(cfg, build, target_logits: bool = True) -> Setup:
   """Checks, saves the config, loads the target and the data (regenerated or corpus) for a
   block drafter built by build(cfg, target_cfg, rngs). target_logits: the loss reads the
   target's logits (a feature cache then keeps the final hidden states too)."""
-  feature_cache.check(cfg)
+  feature_cache.check(cfg, cfg.label_source == "target")
   if cfg.num_anchors > cfg.seq_len:
     raise SpecjaxError(f"num_anchors={cfg.num_anchors} exceeds seq_len={cfg.seq_len}")
   if cfg.label_source not in ("data", "target"):
@@ -154,18 +147,12 @@ def prepare(cfg, build, target_logits: bool = True) -> Setup:
                                             "config.json"))
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(cfg, target.model_cfg, nnx.Rngs(0))),
                           nnx.Param)
-  t0 = time.perf_counter()
+  cache = feature_cache.builder(cfg, target, layers, with_hidden=target_logits)
   if cfg.label_source == "target":
-    per_row = (feature_cache.per_row(target, tuple(layers), target_logits)
-               if cfg.get("feature_cache", False) else None)
-    train_ds, val = regenerate.regenerated_data(cfg, target, tok, per_row)
+    train_ds, val = regenerate.regenerated_data(cfg, target, tok, cache)
   else:
     train_ds, val = data_for(cfg, tok)
-  setup_seconds = 0.0
-  if cfg.get("feature_cache", False):
-    setup_seconds = time.perf_counter() - t0
-    print(f"[{cfg.method}] feature cache: the target's pass over every regenerated row "
-          f"in {setup_seconds:.0f} s", flush=True)
+  setup_seconds = feature_cache.report(cfg.method, cache)
 
   def init_params(rng):
     return nnx.state(build(cfg, target.model_cfg, nnx.Rngs(rng)), nnx.Param)

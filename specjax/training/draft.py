@@ -13,9 +13,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax import run_dir as run_dir_lib
+from specjax.errors import SpecjaxError
 from specjax.models import Transformer
 from specjax.training.loop import TrainTask, train
-from specjax.training import regenerate
+from specjax.training import feature_cache, regenerate
 from specjax.training.target import masked_cross_entropy
 
 
@@ -34,7 +35,8 @@ def draft_loss(graphdef, target_graphdef, distill: bool):
     logits = nnx.merge(graphdef, params)(batch["tokens"], **kw).logits_BxTxV
     loss, metrics = masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
     if distill:
-      teacher = nnx.merge(target_graphdef, target_params)(batch["tokens"], **kw).logits_BxTxV
+      teacher = feature_cache.target_output(nnx.merge(target_graphdef, target_params),
+                                            batch).logits_BxTxV
       loss = distill_kl(logits, teacher, batch["loss_mask"])
       metrics = {**metrics, "kl": loss}
     return loss, metrics
@@ -48,7 +50,12 @@ def train_draft(cfg):
   run_dir_lib.save_config(cfg, os.path.join(run_dir_lib.model_dir(cfg.run_dir, "draft"),
                                             "config.json"))
   graphdef, _ = run_dir_lib.abstract_transformer(model_cfg)
-  train_ds, val = regenerate.drafter_data(cfg, target, tok)
+  feature_cache.check(cfg, cfg.get("train_on", "corpus") == "regenerated")
+  if cfg.get("feature_cache", False) and not cfg.distill:
+    raise SpecjaxError("feature_cache=True: the draft model reads the target only with "
+                       "distill=True")
+  cache = feature_cache.builder(cfg, target, (), with_hidden=True)
+  train_ds, val = regenerate.drafter_data(cfg, target, tok, cache)
 
   def init_params(rng):
     return nnx.state(Transformer(model_cfg, rngs=nnx.Rngs(rng)), nnx.Param)
@@ -59,5 +66,6 @@ def train_draft(cfg):
                    loss_fn=draft_loss(graphdef, target.graphdef, cfg.distill),
                    train_data=train_ds, eval_data=val,
                    frozen=target.params if cfg.distill else None,
-                   summary={"num_params": int(n)})
+                   summary={"num_params": int(n)},
+                   setup_seconds=feature_cache.report("draft", cache))
   return train(cfg, task)

@@ -1,69 +1,107 @@
-"""Offline target features for the block drafters (`--config.feature_cache=True`).
+"""Offline target features (`--config.feature_cache=True`): the frozen target's pass over the
+regenerated rows, computed once instead of every training step.
 
-The block drafters train on a fixed set of regenerated rows against a frozen target, so the
-target's pass over a batch gives the same features every epoch. With the cache, the target
-runs once over every row before training, the features (and, for DSpark and DFlash 2, whose
-losses read the target's logits, the final hidden states the LM head reads) are kept in host
-memory, and each batch carries its rows' slices; the training step then skips the target's
-pass (on the reference target, 59% of a DFlash step). The time spent building the cache comes
-out of a wall-clock budget (budget.json records it), so equal budgets stay equal.
+Drafters trained on the fixed set of regenerated rows against a frozen target get the same
+target outputs for a row every epoch. With the cache, the target runs once over every row
+before training; what the drafter's loss reads from it (the residual stream of some layers,
+and the final hidden states the LM head reads, from which logits are recomputed) is kept in
+host memory, and each batch carries its own rows' slices, so the training step skips the
+target's pass (on the reference target, 59% of a DFlash step). The time spent building the
+cache comes out of a wall-clock budget (budget.json records it), so equal budgets stay equal.
 
-Memory: rows x seq_len x (len(feature_layers) [+ 1]) x d_model x 4 bytes (3.3 GB for the
-reference experiment's DFlash). Only for regenerated data (`label_source="target"`).
+Memory: rows x seq_len x (feature layers [+ 1 for the hidden states]) x d_model x 4 bytes
+(3.3 GB for the reference experiment's DFlash). Only for regenerated rows and a frozen target.
 """
 
 from __future__ import annotations
+
+import time
 
 import jax
 import numpy as np
 from flax import nnx
 
 from specjax.errors import SpecjaxError
+from specjax.models.transformer import TransformerOutput
 
 FEATURES, HIDDEN = "cached_features", "cached_hidden"
 
 
-def check(cfg):
-  if cfg.get("feature_cache", False) and cfg.label_source != "target":
-    raise SpecjaxError("feature_cache=True needs label_source='target' (a fixed set of "
-                       "regenerated rows); corpus batches are packed afresh every epoch")
+def check(cfg, regenerated: bool):
+  """regenerated: the run trains on the fixed regenerated rows."""
+  if cfg.get("feature_cache", False) and not regenerated:
+    raise SpecjaxError("feature_cache=True needs the regenerated rows (block drafters: "
+                       "label_source='target'; draft / MTP: train_on='regenerated'); corpus "
+                       "batches are packed afresh every epoch")
+  if cfg.get("feature_cache", False) and not cfg.get("freeze_target", True):
+    raise SpecjaxError("feature_cache=True needs a frozen target (freeze_target=True)")
 
 
-def per_row(target, layers: tuple[int, ...], with_hidden: bool):
-  """A function batches -> {FEATURES: [N, L, T, D], HIDDEN: [N, T, D]} over batches of rows
-  (dicts with tokens / positions / segment_ids, as training sees them), from one jitted pass
-  of the frozen target per batch."""
+class Builder:
+  """per_row(batches) for regenerate.regenerated_data: {FEATURES: [N, L, T, D], HIDDEN:
+  [N, T, D]} from one jitted pass of the frozen target per batch of rows; `seconds` is the
+  time those passes took."""
 
-  @jax.jit
-  def run(params, tokens, positions, seg):
-    out = nnx.merge(target.graphdef, params)(tokens, positions_BxT=positions,
-                                             segment_ids_BxT=seg, feature_layers=layers,
-                                             compute_logits=False)
-    return jax.numpy.stack(out.features, axis=1), out.hidden_BxTxD
+  def __init__(self, target, layers: tuple[int, ...], with_hidden: bool):
+    self.target, self.layers, self.with_hidden = target, tuple(layers), with_hidden
+    self.seconds = 0.0
 
-  def compute(batches) -> dict:
+    @jax.jit
+    def run(params, tokens, positions, seg):
+      out = nnx.merge(target.graphdef, params)(tokens, positions_BxT=positions,
+                                               segment_ids_BxT=seg, feature_layers=self.layers,
+                                               compute_logits=False)
+      feats = jax.numpy.stack(out.features, axis=1) if self.layers else None
+      return feats, out.hidden_BxTxD if with_hidden else None
+    self._run = run
+
+  def __call__(self, batches) -> dict:
+    t0 = time.perf_counter()
     feats, hidden = [], []
     for b in batches:
-      f, h = run(target.params, b["tokens"], b["positions"], b["segment_ids"])
-      feats.append(np.asarray(f))
-      if with_hidden:
+      f, h = self._run(self.target.params, b["tokens"], b["positions"], b["segment_ids"])
+      if f is not None:
+        feats.append(np.asarray(f))
+      if h is not None:
         hidden.append(np.asarray(h))
-    out = {FEATURES: np.concatenate(feats)}
-    if with_hidden:
+    out = {}
+    if feats:
+      out[FEATURES] = np.concatenate(feats)
+    if hidden:
       out[HIDDEN] = np.concatenate(hidden)
+    self.seconds += time.perf_counter() - t0
     return out
 
-  return compute
+
+def builder(cfg, target, layers, with_hidden: bool):
+  """The cache builder for this run, or None when cfg.feature_cache is off."""
+  return Builder(target, layers, with_hidden) if cfg.get("feature_cache", False) else None
 
 
-def cached_output(target, batch, compute_logits: bool):
-  """What target_and_anchors would get from the target's pass, read from the batch's cached
-  slices: (features, hidden, logits or None)."""
-  feats = batch[FEATURES]
-  features = tuple(feats[:, i] for i in range(feats.shape[1]))
+def report(name: str, cache) -> float:
+  """Prints and returns the cache's build time (0 without a cache)."""
+  if cache is None:
+    return 0.0
+  print(f"[{name}] feature cache: the target's pass over every regenerated row in "
+        f"{cache.seconds:.0f} s", flush=True)
+  return cache.seconds
+
+
+def target_output(target, batch, layers=(), compute_logits: bool = True) -> TransformerOutput:
+  """The frozen target's outputs on the batch: read from its cached slices when it carries
+  them, else from the target's pass. Features come from `layers`."""
+  if FEATURES not in batch and HIDDEN not in batch:
+    return target(batch["tokens"], positions_BxT=batch["positions"],
+                  segment_ids_BxT=batch["segment_ids"], feature_layers=tuple(layers),
+                  compute_logits=compute_logits)
+  feats = batch.get(FEATURES)
+  features = () if feats is None else tuple(feats[:, i] for i in range(feats.shape[1]))
+  if len(features) != len(layers):
+    raise SpecjaxError(f"the feature cache holds {len(features)} layers, the loss reads "
+                       f"{len(layers)}")
   hidden = batch.get(HIDDEN)
   if compute_logits and hidden is None:
-    raise SpecjaxError("this loss needs the target's logits: build the cache with the hidden "
-                       "states (per_row(..., with_hidden=True))")
+    raise SpecjaxError("this loss reads the target's logits: build the cache with the "
+                       "hidden states (with_hidden=True)")
   logits = target.logits(hidden) if compute_logits else None
-  return features, hidden, logits
+  return TransformerOutput(logits, hidden, features, None)

@@ -22,7 +22,7 @@ from specjax.run_dir import HEAD_BUILDERS
 from specjax.errors import SpecjaxError
 from specjax.models.layers import causal_segment_mask
 from specjax.training.loop import TrainTask, train
-from specjax.training import regenerate
+from specjax.training import feature_cache, regenerate
 from specjax.training.target import masked_cross_entropy
 
 VARIANTS = ("parallel", "sequential")
@@ -68,8 +68,7 @@ def mtp_loss(variant, heads_graphdef, target_graphdef, cfg):
     target = nnx.merge(target_graphdef, target_params)
     heads = nnx.merge(heads_graphdef, heads_params)
     tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-    out = target(tokens, positions_BxT=pos, segment_ids_BxT=seg,
-                 feature_layers=(target.cfg.num_layers,))
+    out = feature_cache.target_output(target, batch, (target.cfg.num_layers,))
     if not joint:
       out = jax.lax.stop_gradient(out)
     source = tokens if label_source == "data" else jnp.argmax(
@@ -105,7 +104,9 @@ def train_mtp(cfg):
   heads_graphdef, _ = nnx.split(
       nnx.eval_shape(lambda: build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))),
       nnx.Param)
-  train_ds, val = regenerate.drafter_data(cfg, target, tok)
+  feature_cache.check(cfg, cfg.get("train_on", "corpus") == "regenerated")
+  cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), with_hidden=True)
+  train_ds, val = regenerate.drafter_data(cfg, target, tok, cache)
 
   def init_heads(rng):
     return nnx.state(build_heads(variant, target.model_cfg, cfg, nnx.Rngs(rng)), nnx.Param)
@@ -123,5 +124,6 @@ def train_mtp(cfg):
   task = TrainTask(name=name, init_params=init_params,
                    loss_fn=mtp_loss(variant, heads_graphdef, target.graphdef, cfg),
                    train_data=train_ds, eval_data=val, frozen=frozen,
-                   summary={"num_params": int(n)})
+                   summary={"num_params": int(n)},
+                   setup_seconds=feature_cache.report(name, cache))
   return train(cfg, task)

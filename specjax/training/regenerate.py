@@ -142,7 +142,7 @@ def regenerated_data(cfg, target, tok, per_row=None):
 TRAIN_ON = ("corpus", "regenerated")
 
 
-def drafter_data(cfg, target, tok):
+def drafter_data(cfg, target, tok, per_row=None):
   """A token drafter's (train, validation) data: corpus text, or with
   `train_on="regenerated"` the same regenerated continuations the block drafters use (so that
   every drafter of an experiment sees the same text; needs cfg.regen)."""
@@ -155,4 +155,4 @@ def drafter_data(cfg, target, tok):
   if "regen" not in cfg:
     raise SpecjaxError("train_on='regenerated' needs the regen settings of the block drafters "
                        "(config_base.block_drafter_defaults().regen)")
-  return regenerated_data(cfg, target, tok)
+  return regenerated_data(cfg, target, tok, per_row)
