@@ -3,7 +3,8 @@
 # (default 120, a quarter of the reference budget) against RUN_DIR's target on its
 # regenerated text, scored by teacher-forced tau on the validation split
 # (python -m specjax.training.settings_sweep). Tables go to RUN_DIR/sweeps/<model>/sweep.json.
-#   bash scripts/reference_sweep.sh [run_dir] [budget_s]       (about 45 minutes; resumable)
+#   bash scripts/reference_sweep.sh [run_dir] [budget_s]   (about 45 minutes, then 1.7 hours
+#   for the feature cache at 8 minutes; resumable)
 # Needs RUN_DIR/target and RUN_DIR/regenerated (scripts/reference.sh's first steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,11 @@ done
 sweep --config=configs/reference.py:draft --grid=learning_rate=1e-3,3e-3,1e-2,3e-2
 sweep --config=configs/reference.py:mtp_parallel --grid=learning_rate=1e-3,3e-3,1e-2,3e-2
 sweep --config=configs/reference.py:mtp_sequential --grid=learning_rate=1e-3,3e-3,1e-2
+# the feature cache, at the full 8-minute budget (its one-time build, 70-80 s, would be most
+# of a 2-minute one), with the settings chosen above (configs/reference.py: SWEPT)
+for m in draft mtp_parallel mtp_sequential dflash dspark dflash2; do
+  sweep --config=configs/reference.py:$m --grid=feature_cache=False,True --budget_s=480
+done
 for m in dflash dspark dflash2 draft mtp_parallel mtp_sequential; do
   echo "== $m"
   python -m specjax.training.settings_sweep --config=configs/reference.py:$m --run_dir="$RUN" --show

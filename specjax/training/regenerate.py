@@ -105,7 +105,7 @@ def regenerated_data(cfg, target, tok, per_row=None):
 
   per_row(batches) -> {name: [N, ...] array}: inputs computed once per row (from the rows in
   order, as batches) that every batch then carries for its own rows under those names (the
-  block drafters' feature cache)."""
+  feature cache; every process computes them for all rows)."""
   r = cfg.regen
   if r.prompt_len + r.new_tokens != cfg.seq_len:
     raise SpecjaxError(f"regen.prompt_len + regen.new_tokens = {r.prompt_len + r.new_tokens} "
