@@ -80,11 +80,12 @@ def token_drafter_setup(name, run, corpus_dir, tfds_dir, variant=None):
   target = run_dir_lib.load_target(run)
   tok = run_dir_lib.load_tokenizer(run)
   if variant is None:
-    cache = feature_cache.builder(cfg, target, (), with_hidden=True)
+    cache = feature_cache.builder(cfg, target, (), with_hidden=True, name="draft")
     graphdef, params = nnx.split(_init_draft(cfg, run), nnx.Param)
     loss_fn = draft.draft_loss(graphdef, target.graphdef, True)
   else:
-    cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), True)
+    cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), True,
+                                  name=mtp.method_name(variant))
     heads = mtp.build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))
     graphdef, params = nnx.split(heads, nnx.Param)
     loss_fn = mtp.mtp_loss(variant, graphdef, target.graphdef, cfg)
@@ -150,15 +151,31 @@ def test_setup_time_comes_out_of_the_budget(tmp_path):
     budget.steps_for_budget(cfg, str(tmp_path / "other"), lambda: 0.5, setup_seconds=12.0)
 
 
+def test_finished_reads_the_budget_and_the_last_checkpoint(tmp_path):
+  cfg = tiny_train_config("dflash_tiny.py", tmp_path, "", "", time_budget_s=10.0, num_steps=5)
+  assert not budget.finished(cfg, str(tmp_path))  # nothing decided, nothing saved
+  budget.steps_for_budget(cfg, str(tmp_path), lambda: 0.5)  # 20 steps
+  os.makedirs(tmp_path / "checkpoints" / "10")
+  os.makedirs(tmp_path / "checkpoints" / "20.orbax-checkpoint-tmp-1")  # an unfinished save
+  assert not budget.finished(cfg, str(tmp_path))
+  os.makedirs(tmp_path / "checkpoints" / "20")
+  assert budget.finished(cfg, str(tmp_path))
+  cfg.time_budget_s = 0.0  # without a budget, num_steps decides
+  assert budget.finished(cfg, str(tmp_path))
+  cfg.num_steps = 30
+  assert not budget.finished(cfg, str(tmp_path))
+
+
 @pytest.mark.parametrize("name,folder,extra", [
     ("dspark_tiny.py", "dspark", {}),
     ("mtp_tiny.py", "mtp_sequential", {"variant": "sequential", "train_on": "regenerated"})])
-def test_a_cached_run_trains(name, folder, extra, run, template_corpus_dir, tfds_dir):
+def test_a_cached_run_trains(name, folder, extra, run, template_corpus_dir, tfds_dir,
+                             capsys):
   from specjax.training import registry
   # a 10-second budget: the steps it buys are what the cache's build leaves of it
   cfg = config(name, run, template_corpus_dir, tfds_dir, log_every=50, eval_every=10**6,
                save_every=10**6, time_budget_s=10.0, **extra)
-  registry.train(cfg)
+  trained = registry.train(cfg)
   with open(os.path.join(run, folder, "metrics.jsonl")) as f:
     rows = [json.loads(l) for l in f if '"val_loss"' in l]
   assert rows[0]["step"] == 0 and rows[-1]["val_loss"] < rows[0]["val_loss"]
@@ -169,3 +186,14 @@ def test_a_cached_run_trains(name, folder, extra, run, template_corpus_dir, tfds
   assert rows[-1]["step"] == decided["num_steps"]
   if folder == "dspark":
     assert os.path.exists(os.path.join(run, folder, "calibration.json"))
+  # run again (as scripts/reference.sh does): it is finished, so no cache is built and
+  # nothing trains
+  assert "feature cache: the target's pass" in capsys.readouterr().out
+  again = registry.train(cfg)
+  out = capsys.readouterr().out
+  assert "no feature cache to build" in out and "feature cache: the target's pass" not in out
+  with open(os.path.join(run, folder, "metrics.jsonl")) as f:
+    assert [json.loads(l)["step"] for l in f if '"val_loss"' in l][-1] == decided["num_steps"]
+  assert json.load(open(os.path.join(run, folder, budget.FILE))) == decided
+  for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

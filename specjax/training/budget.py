@@ -40,6 +40,22 @@ def seconds_per_step(step_fn, params, opt_state, frozen, batch, rng, runs: int =
   return float(np.min(times))
 
 
+def finished(cfg, workdir: str) -> bool:
+  """Whether workdir holds a checkpoint at the run's last step (under a time budget, the
+  num_steps its budget.json fixed): resuming it would train nothing, so one-time setup for
+  its steps (a feature cache) can be skipped."""
+  num_steps = int(cfg.get("num_steps", 0))
+  path = os.path.join(workdir, FILE)
+  if float(cfg.get("time_budget_s", 0) or 0) > 0:
+    if not os.path.exists(path):
+      return False
+    with open(path) as f:
+      num_steps = int(json.load(f)["num_steps"])
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  steps = [int(n) for n in os.listdir(ckpt_dir) if n.isdigit()] if os.path.isdir(ckpt_dir) else []
+  return num_steps > 0 and max(steps, default=-1) >= num_steps
+
+
 def steps_for_budget(cfg, workdir: str, measure, setup_seconds: float = 0.0) -> int:
   """num_steps for cfg.time_budget_s (> 0); `measure()` -> seconds per training step, called
   only when the model dir holds no earlier decision for this budget. setup_seconds: one-time

@@ -147,7 +147,8 @@ def prepare(cfg, build, target_logits: bool = True) -> Setup:
                                             "config.json"))
   graphdef, _ = nnx.split(nnx.eval_shape(lambda: build(cfg, target.model_cfg, nnx.Rngs(0))),
                           nnx.Param)
-  cache = feature_cache.builder(cfg, target, layers, with_hidden=target_logits)
+  cache = feature_cache.builder(cfg, target, layers, with_hidden=target_logits,
+                                name=cfg.method)
   if cfg.label_source == "target":
     train_ds, val = regenerate.regenerated_data(cfg, target, tok, cache)
   else:

@@ -54,7 +54,7 @@ def train_draft(cfg):
   if cfg.get("feature_cache", False) and not cfg.distill:
     raise SpecjaxError("feature_cache=True: the draft model reads the target only with "
                        "distill=True")
-  cache = feature_cache.builder(cfg, target, (), with_hidden=True)
+  cache = feature_cache.builder(cfg, target, (), with_hidden=True, name="draft")
   train_ds, val = regenerate.drafter_data(cfg, target, tok, cache)
 
   def init_params(rng):

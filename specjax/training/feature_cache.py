@@ -21,8 +21,10 @@ import jax
 import numpy as np
 from flax import nnx
 
+from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.models.transformer import TransformerOutput
+from specjax.training import budget
 
 FEATURES, HIDDEN = "cached_features", "cached_hidden"
 
@@ -73,9 +75,15 @@ class Builder:
     return out
 
 
-def builder(cfg, target, layers, with_hidden: bool):
-  """The cache builder for this run, or None when cfg.feature_cache is off."""
-  return Builder(target, layers, with_hidden) if cfg.get("feature_cache", False) else None
+def builder(cfg, target, layers, with_hidden: bool, name: str):
+  """The cache builder for the run of model `name`, or None when cfg.feature_cache is off or
+  the run is already trained to its last step (resuming it trains nothing)."""
+  if not cfg.get("feature_cache", False):
+    return None
+  if budget.finished(cfg, run_dir_lib.model_dir(cfg.run_dir, name)):
+    print(f"[{name}] trained to its last step: no feature cache to build", flush=True)
+    return None
+  return Builder(target, layers, with_hidden)
 
 
 def report(name: str, cache) -> float:

@@ -80,6 +80,15 @@ def _weighted_means(metric_list: list[dict]) -> dict:
   return {k: sum(float(m[k]) * float(m["weight"]) for m in metric_list) / total for k in keys}
 
 
+def step_fn(loss_fn, optimizer):
+  """(params, opt_state, frozen, batch, rng) -> (params, opt_state, metrics): one update."""
+  def train_step(params, opt_state, frozen, batch, rng):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, frozen, batch, rng)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, metrics
+  return train_step
+
+
 def train(cfg, task: TrainTask):
   """Trains `task` into run_dir/<task.name>/ and returns the final parameters."""
   workdir = model_dir(cfg, task.name)
@@ -117,12 +126,8 @@ def train(cfg, task: TrainTask):
     task.frozen = jax.device_put(task.frozen, f_shard)
 
   def jitted_step(optimizer):
-    def train_step(params, opt_state, frozen, batch, rng):
-      (_, metrics), grads = jax.value_and_grad(task.loss_fn, has_aux=True)(params, frozen,
-                                                                             batch, rng)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      return optax.apply_updates(params, updates), opt_state, metrics
-    return jax.jit(train_step, in_shardings=(p_shard, o_shard, f_shard, None, repl),
+    return jax.jit(step_fn(task.loss_fn, optimizer),
+                   in_shardings=(p_shard, o_shard, f_shard, None, repl),
                    out_shardings=(p_shard, o_shard, repl), donate_argnums=(0, 1))
 
   train_step = jitted_step(optimizer)

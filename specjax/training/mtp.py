@@ -105,7 +105,8 @@ def train_mtp(cfg):
       nnx.eval_shape(lambda: build_heads(variant, target.model_cfg, cfg, nnx.Rngs(0))),
       nnx.Param)
   feature_cache.check(cfg, cfg.get("train_on", "corpus") == "regenerated")
-  cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), with_hidden=True)
+  cache = feature_cache.builder(cfg, target, (target.model_cfg.num_layers,), with_hidden=True,
+                                name=name)
   train_ds, val = regenerate.drafter_data(cfg, target, tok, cache)
 
   def init_heads(rng):
