@@ -491,9 +491,10 @@ def build(run_dir: str, out: str | None = None) -> str:
   settings = load_settings_sweeps(root)
   if settings:
     from specjax.training import settings_sweep
-    md += ["## Settings sweeps", "", "Each drafter's training settings at a short equal budget "
+    md += ["## Settings sweeps", "", "Each drafter's training settings at equal budgets "
            "(`python -m specjax.training.settings_sweep`, `scripts/reference_sweep.sh`), "
-           "scored by teacher-forced tau on the validation split, best first.", ""]
+           "scored by teacher-forced tau on the validation split and ranked against the "
+           "variants of the same budget (column `budget s`), best first.", ""]
     for name, rows in settings.items():
       md += [f"{name}:", "", settings_sweep.table(rows), ""]
   for temp, table in tables.items():

@@ -102,3 +102,22 @@ def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus
   with pytest.raises(SystemExit):
     settings_sweep.main([f"--config={config_path}", f"--run_dir={tmp_path}", "--show"])
   assert "no sweep of draft" in capsys.readouterr().err
+
+
+def test_variants_rank_within_their_budget():
+  def row(variant, budget_s, tau, loss, **settings):
+    return {"variant": variant, "settings": settings, "budget_s": budget_s, "steps": 1,
+            "seconds_per_step": 0.1, "val_loss": loss, "teacher_forced_tau": tau}
+  rows = settings_sweep.rank([
+      row("long", 480.0, 5.3, 1.0, feature_cache=True),  # best overall, but a longer budget
+      row("a", 120.0, 3.0, 2.0, learning_rate=1e-3),
+      row("b", 120.0, 3.004, 1.5, learning_rate=2e-3),  # a tie at 2 decimals: lower loss wins
+      row("c", 120.0, 2.5, 1.0, num_anchors=8)])
+  assert [r["variant"] for r in rows] == ["b", "a", "c", "long"]
+  assert settings_sweep.best(rows, 120.0, "learning_rate") == 2e-3
+  assert settings_sweep.best(rows, 120.0, "num_anchors") == 8
+  assert settings_sweep.best(rows, 480.0, "feature_cache") is True
+  with pytest.raises(SpecjaxError, match="no variant at budget 480 s sets learning_rate"):
+    settings_sweep.best(rows, 480.0, "learning_rate")
+  marked = [l.split(" |")[0] for l in settings_sweep.table(rows).splitlines()[2:]]
+  assert marked == ["| b (best)", "| a", "| c", "| long (best)"]

@@ -8,7 +8,7 @@ of training steps into RUN_DIR/sweeps/<model>/<variant>/<model>/, next to links 
 RUN_DIR/target and RUN_DIR/regenerated (the same frozen target, the same text). Finished
 variants are skipped, so a killed sweep resumes. Each is scored by its teacher-forced tau on
 the validation split at the end of training (`teacher_forced_tau`; taus equal to 2 decimals
-are ranked by validation loss), and the table, best first,
+are ranked by validation loss), and the table, best first among the variants of each budget,
 goes to stdout and RUN_DIR/sweeps/<model>/sweep.json. Short budgets favour fast-converging
 settings (a high learning rate); the ranking is a guide for the full budget, not a proof.
 """
@@ -200,16 +200,29 @@ def collect(root: str, name: str) -> list[dict]:
                  "seconds_per_step": budget.get("seconds_per_step"),
                  "val_loss": float(row.get("val_loss", float("nan"))),
                  "teacher_forced_tau": teacher_forced_tau(row)})
-  # best first: tau to 2 decimals (closer is a tie), then the lower validation loss
-  rows.sort(key=lambda r: (-round(r["teacher_forced_tau"], 2), r["val_loss"]))
-  return rows
+  return rank(rows)
+
+
+def rank(rows: list[dict]) -> list[dict]:
+  """Grouped by budget (shortest first: variants are only comparable at equal budgets), best
+  first within each: tau to 2 decimals (closer is a tie), then the lower validation loss."""
+  return sorted(rows, key=lambda r: (r["budget_s"], -round(r["teacher_forced_tau"], 2),
+                                     r["val_loss"]))
+
+
+def best(rows: list[dict], budget_s: float, key: str):
+  """`key`'s value in the best variant trained at budget_s that sets it."""
+  for r in rows:
+    if r["budget_s"] == budget_s and key in r["settings"]:
+      return r["settings"][key]
+  raise SpecjaxError(f"no variant at budget {budget_s:g} s sets {key}")
 
 
 def table(rows) -> str:
   lines = ["| variant | budget s | steps | s / step | val loss | teacher-forced tau |",
            "|---|---|---|---|---|---|"]
   for i, r in enumerate(rows):
-    mark = " (best)" if i == 0 else ""
+    mark = " (best)" if i == 0 or r["budget_s"] != rows[i - 1]["budget_s"] else ""
     sec = "-" if r["seconds_per_step"] is None else f"{r['seconds_per_step']:.2f}"
     lines.append(f"| {r['variant']}{mark} | {r['budget_s']:.0f} | {r['steps']} | {sec} | "
                  f"{r['val_loss']:.3f} | "
@@ -226,15 +239,19 @@ def main(argv=None):
   parser.add_argument("--grid", action="append", help="key=v1,v2,... (repeatable)")
   parser.add_argument("--set", action="append", help="key=value for every variant")
   parser.add_argument("--show", action="store_true", help="print the table, train nothing")
+  parser.add_argument("--best", default="",
+                      help="print KEY's value in the best variant at --budget_s that sets "
+                           "it, train nothing")
   args = parser.parse_args(argv)
   from specjax import cli
   with cli.user_errors():
-    if args.show:
+    if args.show or args.best:
       name = model_name(config_base.load_config_file(args.config))
       root = os.path.join(run_dir_lib.resolve(args.run_dir), "sweeps", name)
       if not os.path.isdir(root):
         raise SpecjaxError(f"{root} does not exist: no sweep of {name} in {args.run_dir}")
-      print(table(collect(root, name)))
+      rows = collect(root, name)
+      print(best(rows, args.budget_s, args.best) if args.best else table(rows))
       return
     grid = parse_assignments(args.grid, many=True)
     fixed = parse_assignments(args.set, many=False)
