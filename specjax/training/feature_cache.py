@@ -59,18 +59,17 @@ class Builder:
 
   def __call__(self, batches) -> dict:
     t0 = time.perf_counter()
-    feats, hidden = [], []
+    total = sum(len(b["tokens"]) for b in batches)
+    out, start = {}, 0
     for b in batches:
-      f, h = self._run(self.target.params, b["tokens"], b["positions"], b["segment_ids"])
-      if f is not None:
-        feats.append(np.asarray(f))
-      if h is not None:
-        hidden.append(np.asarray(h))
-    out = {}
-    if feats:
-      out[FEATURES] = np.concatenate(feats)
-    if hidden:
-      out[HIDDEN] = np.concatenate(hidden)
+      got = self._run(self.target.params, b["tokens"], b["positions"], b["segment_ids"])
+      for name, value in zip((FEATURES, HIDDEN), got):
+        if value is None:
+          continue
+        if name not in out:  # filled in place: the cache is the largest thing in memory
+          out[name] = np.empty((total,) + value.shape[1:], value.dtype)
+        out[name][start:start + len(value)] = np.asarray(value)
+      start += len(b["tokens"])
     self.seconds += time.perf_counter() - t0
     return out
 
