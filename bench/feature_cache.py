@@ -62,6 +62,23 @@ def step_timer(cfg, task, batch):
                                          jax.random.key(1))
 
 
+def measure(method: str, scratch: str, rounds: int):
+  """(method, s/step without, with the cache, build seconds, steps that repay the build)."""
+  cfg = config_base.load_config_file(
+      os.path.join(common.ROOT, "configs", f"reference.py:{method}"))
+  cfg.run_dir, cfg.feature_cache, cfg.time_budget_s = scratch, True, 0.0
+  task = task_for(cfg)
+  cached = next(iter(task.train_data))
+  online = {k: v for k, v in cached.items() if not k.startswith("cached_")}
+  timers = step_timer(cfg, task, online), step_timer(cfg, task, cached)
+  # alternate the two so that both see the same moments of a shared machine
+  t_on, t_c = np.min([[t() for t in timers] for _ in range(rounds)], axis=0)
+  build, gain = task.setup_seconds, t_on - t_c
+  print(f"[{method}] without {t_on * 1e3:.0f} ms, with {t_c * 1e3:.0f} ms a step "
+        f"({cfg.batch_size} x {cfg.seq_len} tokens); build {build:.0f} s", flush=True)
+  return method, t_on, t_c, build, build / gain if gain > 0 else float("inf")
+
+
 def main(argv=None):
   p = argparse.ArgumentParser()
   p.add_argument("--run_dir", default="runs/reference",
@@ -74,36 +91,21 @@ def main(argv=None):
     if not os.path.isdir(os.path.join(source, need)):
       raise SystemExit(f"{source}/{need} missing: run scripts/reference.sh (its target and "
                        "first drafter) first")
+  methods = args.methods.split(",")
+  if not set(methods) <= set(METHODS):
+    raise SystemExit(f"--methods: pick from {', '.join(METHODS)}")
   scratch = tempfile.mkdtemp(prefix="feature_cache_bench_")
-  for need in ("target", "regenerated"):
-    os.symlink(os.path.join(source, need), os.path.join(scratch, need))
-  rows = []
-  for method in args.methods.split(","):
-    if method not in METHODS:
-      raise SystemExit(f"--methods: pick from {', '.join(METHODS)}")
-    cfg = config_base.load_config_file(
-        os.path.join(common.ROOT, "configs", f"reference.py:{method}"))
-    cfg.run_dir, cfg.feature_cache, cfg.time_budget_s = scratch, True, 0.0
-    task = task_for(cfg)
-    cached = next(iter(task.train_data))
-    online = {k: v for k, v in cached.items() if not k.startswith("cached_")}
-    timers = step_timer(cfg, task, online), step_timer(cfg, task, cached)
-    # alternate the two so that both see the same moments of a shared machine
-    times = [[t() for t in timers] for _ in range(args.rounds)]
-    t_on, t_c = np.min(times, axis=0)
-    build = task.setup_seconds
-    gain = t_on - t_c
-    rows.append((method, t_on, t_c, build, build / gain if gain > 0 else float("inf")))
-    print(f"[{method}] without {t_on * 1e3:.0f} ms, with {t_c * 1e3:.0f} ms a step; "
-          f"build {build:.0f} s", flush=True)
-    del task, cached, online, timers
+  try:
+    for need in ("target", "regenerated"):
+      os.symlink(os.path.join(source, need), os.path.join(scratch, need))
+    rows = [measure(method, scratch, args.rounds) for method in methods]
+  finally:
+    shutil.rmtree(scratch)
   print(f"\n{'drafter':<15}{'ms/step without':>16}{'with cache':>12}{'ratio':>8}"
         f"{'build s':>9}{'pays after':>12}")
   for method, t_on, t_c, build, even in rows:
     print(f"{method:<15}{t_on * 1e3:>16.0f}{t_c * 1e3:>12.0f}{t_on / t_c:>7.2f}x"
           f"{build:>9.0f}{even:>10.0f} steps")
-  print(f"\n(one training batch of {cfg.batch_size} x {cfg.seq_len} tokens)")
-  shutil.rmtree(scratch)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ sweep --config=configs/reference.py:dflash --grid="feature_layers=(1,2,3),(2,3,4
 # best block count against 16
 for m in dspark dflash2; do
   sweep --config=configs/reference.py:$m --grid=learning_rate=2e-3,4e-3 --set=num_anchors=16
-  sweep --config=configs/reference.py:$m --grid=num_anchors=16,"$A" \
-    --set=learning_rate="$(best $m learning_rate)"
+  LM=$(best $m learning_rate)  # its own line: set -e stops here if no variant sets it
+  sweep --config=configs/reference.py:$m --grid=num_anchors=16,"$A" --set=learning_rate="$LM"
 done
 # the token drafters: the learning rate
 sweep --config=configs/reference.py:draft --grid=learning_rate=1e-3,3e-3,1e-2,3e-2

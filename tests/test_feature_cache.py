@@ -151,6 +151,22 @@ def test_setup_time_comes_out_of_the_budget(tmp_path):
     budget.steps_for_budget(cfg, str(tmp_path / "other"), lambda: 0.5, setup_seconds=12.0)
 
 
+def test_builder_fills_each_chunk_in_place(run):
+  # chunks of unequal sizes: each row's slice must be its own batch's target pass
+  target = run_dir_lib.load_target(run)
+  rows = np.random.default_rng(0).integers(3, 60, size=(9, 12)).astype(np.int32)
+  chunks = [regenerate.as_batch(rows[a:b]) for a, b in ((0, 2), (2, 7), (7, 9))]
+  out = feature_cache.Builder(target, (1, 2), with_hidden=True)(chunks)
+  assert out[feature_cache.FEATURES].shape[:2] == (9, 2)
+  for (a, b), chunk in zip(((0, 2), (2, 7), (7, 9)), chunks):
+    ref = target.module()(chunk["tokens"], positions_BxT=chunk["positions"],
+                          segment_ids_BxT=chunk["segment_ids"], feature_layers=(1, 2))
+    np.testing.assert_allclose(out[feature_cache.FEATURES][a:b, 1], ref.features[1], rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(out[feature_cache.HIDDEN][a:b], ref.hidden_BxTxD, rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_finished_reads_the_budget_and_the_last_checkpoint(tmp_path):
   cfg = tiny_train_config("dflash_tiny.py", tmp_path, "", "", time_budget_s=10.0, num_steps=5)
   assert not budget.finished(cfg, str(tmp_path))  # nothing decided, nothing saved

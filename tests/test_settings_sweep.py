@@ -99,6 +99,10 @@ def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus
   settings_sweep.main([f"--config={config_path}", f"--run_dir={base}", "--show"])
   out = capsys.readouterr().out
   assert out.count("| learning_rate=") == 3 and "(best)" in out
+  # --best: at the config's own budget (here none: num_steps) the best rate, as the script reads it
+  settings_sweep.main([f"--config={config_path}", f"--run_dir={base}", "--best=learning_rate",
+                       "--budget_s=0"])
+  assert capsys.readouterr().out.strip() == str(rows[0]["settings"]["learning_rate"])
   with pytest.raises(SystemExit):
     settings_sweep.main([f"--config={config_path}", f"--run_dir={tmp_path}", "--show"])
   assert "no sweep of draft" in capsys.readouterr().err

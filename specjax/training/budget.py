@@ -52,8 +52,11 @@ def finished(cfg, workdir: str) -> bool:
     with open(path) as f:
       num_steps = int(json.load(f)["num_steps"])
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  steps = [int(n) for n in os.listdir(ckpt_dir) if n.isdigit()] if os.path.isdir(ckpt_dir) else []
-  return num_steps > 0 and max(steps, default=-1) >= num_steps
+  if num_steps <= 0 or not os.path.isdir(ckpt_dir):
+    return False
+  from specjax.checkpoint import Checkpoints  # the loop's own test of what is saved
+  latest = Checkpoints(ckpt_dir).latest_step()
+  return latest is not None and latest >= num_steps
 
 
 def steps_for_budget(cfg, workdir: str, measure, setup_seconds: float = 0.0) -> int:

@@ -246,12 +246,14 @@ def main(argv=None):
   from specjax import cli
   with cli.user_errors():
     if args.show or args.best:
-      name = model_name(config_base.load_config_file(args.config))
+      cfg = config_base.load_config_file(args.config)
+      name = model_name(cfg)
       root = os.path.join(run_dir_lib.resolve(args.run_dir), "sweeps", name)
       if not os.path.isdir(root):
         raise SpecjaxError(f"{root} does not exist: no sweep of {name} in {args.run_dir}")
       rows = collect(root, name)
-      print(best(rows, args.budget_s, args.best) if args.best else table(rows))
+      budget_s = args.budget_s or float(cfg.get("time_budget_s", 0))  # 0: the config's own
+      print(best(rows, budget_s, args.best) if args.best else table(rows))
       return
     grid = parse_assignments(args.grid, many=True)
     fixed = parse_assignments(args.set, many=False)
