@@ -3,8 +3,8 @@
 # (default 120, a quarter of the reference budget) against RUN_DIR's target on its
 # regenerated text, scored by teacher-forced tau on the validation split
 # (python -m specjax.training.settings_sweep). Tables go to RUN_DIR/sweeps/<model>/sweep.json.
-#   bash scripts/reference_sweep.sh [run_dir] [budget_s]   (about 45 minutes, then 1.7 hours
-#   for the feature cache at 8 minutes; resumable)
+#   bash scripts/reference_sweep.sh [run_dir] [budget_s]   (about 45 minutes, then 2.7 hours
+#   of 8-minute runs: the feature cache per drafter, DFlash's variants with it; resumable)
 # Needs RUN_DIR/target and RUN_DIR/regenerated (scripts/reference.sh's first steps).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +45,10 @@ done
 # with the cache a block drafter's step loses its fixed part (the target's pass), so more
 # blocks per sequence cost less than they did above: DFlash's block count again, at 8 minutes
 sweep --config=configs/reference.py:dflash --grid=num_anchors=8,16 --budget_s=480
+# three times the regenerated text (its cache's build comes out of the 8 minutes), and half the
+# rows per step for twice the steps (16 validation batches of 8: the same 128 rows)
+sweep --config=configs/reference.py:dflash --grid=regen.num_sequences=12288 --budget_s=480
+sweep --config=configs/reference.py:dflash --grid=batch_size=8 --set=eval_batches=16 --budget_s=480
 for m in dflash dspark dflash2 draft mtp_parallel mtp_sequential; do
   echo "== $m"
   python -m specjax.training.settings_sweep --config=configs/reference.py:$m --run_dir="$RUN" --show
