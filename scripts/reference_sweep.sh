@@ -48,7 +48,9 @@ sweep --config=configs/reference.py:dflash --grid=num_anchors=8,16 --budget_s=48
 # three times the regenerated text (its cache's build comes out of the 8 minutes), and half the
 # rows per step for twice the steps (16 validation batches of 8: the same 128 rows)
 sweep --config=configs/reference.py:dflash --grid=regen.num_sequences=12288 --budget_s=480
-sweep --config=configs/reference.py:dflash --grid=batch_size=8 --set=eval_batches=16 --budget_s=480
+for m in dflash dspark draft; do
+  sweep --config=configs/reference.py:$m --grid=batch_size=8 --set=eval_batches=16 --budget_s=480
+done
 for m in dflash dspark dflash2 draft mtp_parallel mtp_sequential; do
   echo "== $m"
   python -m specjax.training.settings_sweep --config=configs/reference.py:$m --run_dir="$RUN" --show
