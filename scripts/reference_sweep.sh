@@ -3,7 +3,7 @@
 # (default 120, a quarter of the reference budget) against RUN_DIR's target on its
 # regenerated text, scored by teacher-forced tau on the validation split
 # (python -m specjax.training.settings_sweep). Tables go to RUN_DIR/sweeps/<model>/sweep.json.
-#   bash scripts/reference_sweep.sh [run_dir] [budget_s]   (about 45 minutes, then 2.7 hours
+#   bash scripts/reference_sweep.sh [run_dir] [budget_s]   (about 45 minutes, then 3 hours
 #   of 8-minute runs: the feature cache per drafter, DFlash's variants with it; resumable)
 # Needs RUN_DIR/target and RUN_DIR/regenerated (scripts/reference.sh's first steps).
 set -euo pipefail
