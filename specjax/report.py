@@ -21,6 +21,7 @@ import numpy as np
 
 from specjax import accounting, evaluate
 from specjax import run_dir as run_dir_lib
+from specjax.training import budget as budget_lib
 from specjax.errors import SpecjaxError
 
 ORDER = ("ar", "prompt_lookup", "draft", "mtp_parallel", "mtp_sequential", "dflash", "dspark",
@@ -73,10 +74,9 @@ def load_training(root: str) -> dict[str, dict]:
     rates = [r["tokens_per_second"] for r in records if "tokens_per_second" in r]
     if rates:
       info["tokens_per_second"] = float(np.median(rates))
-    budget = os.path.join(root, name, "budget.json")
-    if os.path.exists(budget):
-      with open(budget) as f:
-        info["budget"] = json.load(f)
+    budget = budget_lib.decided(os.path.join(root, name))
+    if budget is not None:
+      info["budget"] = budget
     out[name] = info
   return out
 

@@ -40,17 +40,25 @@ def seconds_per_step(step_fn, params, opt_state, frozen, batch, rng, runs: int =
   return float(np.min(times))
 
 
+def decided(workdir: str) -> dict | None:
+  """The budget decision kept in workdir's budget.json, or None before the first one."""
+  path = os.path.join(workdir, FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def finished(cfg, workdir: str) -> bool:
   """Whether workdir holds a checkpoint at the run's last step (under a time budget, the
   num_steps its budget.json fixed): resuming it would train nothing, so one-time setup for
   its steps (a feature cache) can be skipped."""
   num_steps = int(cfg.get("num_steps", 0))
-  path = os.path.join(workdir, FILE)
   if float(cfg.get("time_budget_s", 0) or 0) > 0:
-    if not os.path.exists(path):
+    saved = decided(workdir)
+    if saved is None:
       return False
-    with open(path) as f:
-      num_steps = int(json.load(f)["num_steps"])
+    num_steps = int(saved["num_steps"])
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if num_steps <= 0 or not os.path.isdir(ckpt_dir):
     return False
@@ -65,9 +73,8 @@ def steps_for_budget(cfg, workdir: str, measure, setup_seconds: float = 0.0) -> 
   work the run did for its steps (a feature cache), taken out of the budget."""
   budget = float(cfg.time_budget_s)
   path = os.path.join(workdir, FILE)
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
+  saved = decided(workdir)
+  if saved is not None:
     if float(saved["time_budget_s"]) == budget:
       return int(saved["num_steps"])
     raise SpecjaxError(

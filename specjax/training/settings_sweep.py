@@ -24,6 +24,7 @@ import os
 from specjax import config_base
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
+from specjax.training import budget as budget_lib
 
 SHARED = ("target", "regenerated")  # what every variant reads from the base run folder
 SETTINGS = "settings.json"  # a variant's settings, next to its model folder
@@ -136,8 +137,7 @@ def finished(model_dir: str):
   """The final metrics row if this variant trained all its steps (budget.json's, or the
   saved config's without a time budget), else None."""
   row = final_metrics(model_dir)
-  plan = _json(os.path.join(model_dir, "budget.json")) or _json(
-      os.path.join(model_dir, "config.json"))
+  plan = budget_lib.decided(model_dir) or _json(os.path.join(model_dir, "config.json"))
   if row is None or plan is None:
     return None
   return row if row["step"] >= plan["num_steps"] else None
@@ -194,7 +194,7 @@ def collect(root: str, name: str) -> list[dict]:
     if row is None:
       continue
     settings = _json(os.path.join(root, label, SETTINGS)) or {}
-    budget = _json(os.path.join(model_dir, "budget.json")) or {}
+    budget = budget_lib.decided(model_dir) or {}
     rows.append({"variant": label, "settings": settings,
                  "budget_s": budget.get("time_budget_s", 0.0), "steps": int(row["step"]),
                  "seconds_per_step": budget.get("seconds_per_step"),
