@@ -2,6 +2,7 @@
 
   python -m specjax.interop import-hf HF_DIR RUN_DIR         # Llama / Qwen3 -> RUN_DIR/target
   python -m specjax.interop export-hf RUN_DIR OUT_DIR
+  python -m specjax.interop import-gguf MODEL.gguf RUN_DIR   # llama.cpp file -> RUN_DIR/target
   python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR  # z-lab drafter -> RUN_DIR/dflash
   python -m specjax.interop export-dflash RUN_DIR OUT_DIR    #   (DFlash 2 -> RUN_DIR/dflash2)
   python -m specjax.interop export-dflash2 RUN_DIR OUT_DIR
@@ -18,6 +19,7 @@ from specjax.errors import SpecjaxError
 COMMANDS = {
     "import-hf": ("specjax.interop.hf", "import_hf"),
     "export-hf": ("specjax.interop.hf", "export_hf"),
+    "import-gguf": ("specjax.interop.gguf", "import_gguf"),
     "import-dflash": ("specjax.interop.zlab", "import_dflash"),
     "export-dflash": ("specjax.interop.zlab", "export_dflash"),
     "export-dflash2": ("specjax.interop.zlab", "export_dflash2"),

@@ -90,7 +90,7 @@ def _ignored(name: str, cfg: TransformerConfig) -> bool:
   return name.endswith(IGNORED_SUFFIXES) or (cfg.tie_embeddings and name == "lm_head.weight")
 
 
-def _placed(x: np.ndarray, sharding_: jax.sharding.Sharding) -> jax.Array:
+def placed(x: np.ndarray, sharding_: jax.sharding.Sharding) -> jax.Array:
   """x on its sharding: each addressable device receives a copy of its slice only."""
   return jax.make_array_from_callback(x.shape, sharding_, lambda index: x[index])
 
@@ -119,7 +119,7 @@ def load_params(src: str, cfg: TransformerConfig, mesh, rules=sharding.DEFAULT_R
         raise SpecjaxError(f"tensor '{name}' is {reader.dtype(name)}; only float32 and "
                            "bfloat16 weights are supported")
       x = to_specjax(reader.read(name), var.shape, n_in).astype(var.dtype, copy=False)
-      flat[path] = var.replace(_placed(x, shardings[path].get_value()))
+      flat[path] = var.replace(placed(x, shardings[path].get_value()))
       del x
   return nnx.from_flat_state(flat)
 
@@ -156,8 +156,8 @@ def import_hf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
   config = {"method": "target", "vocab_size": cfg.vocab_size,
             "model": model, "tokenizer": special.to_dict(),
             "imported_from": {"format": "hf", "architecture": arch, "path": src}}
-  _write_json(os.path.join(folder, "config.json"), config)
-  _write_json(os.path.join(folder, "metrics.jsonl"),
+  write_json(os.path.join(folder, "config.json"), config)
+  write_json(os.path.join(folder, "metrics.jsonl"),
               {"step": 0, "num_params": int(num_params), "imported_from": src}, indent=None)
   shutil.copyfile(tok_path, os.path.join(folder, "tokenizer.json"))
   shutil.copyfile(os.path.join(src, "config.json"), os.path.join(folder, "hf", "config.json"))
@@ -196,9 +196,9 @@ def export_hf(src: str, dst: str) -> str:
   else:  # trained by specjax
     train_cfg = target.config
     max_positions = int(train_cfg.get("seq_len", 0) or 4096)
-    _write_json(os.path.join(dst, "config.json"),
+    write_json(os.path.join(dst, "config.json"),
                 hf_config.from_specjax(cfg, special, max_positions))
-    _write_json(os.path.join(dst, "generation_config.json"),
+    write_json(os.path.join(dst, "generation_config.json"),
                 {"bos_token_id": special.bos_id, "eos_token_id": special.eos_id,
                  "pad_token_id": special.pad_id})
   shutil.copyfile(os.path.join(folder, "tokenizer.json"), os.path.join(dst, "tokenizer.json"))
@@ -206,6 +206,6 @@ def export_hf(src: str, dst: str) -> str:
   return dst
 
 
-def _write_json(path: str, obj: dict, indent: int | None = 2):
+def write_json(path: str, obj: dict, indent: int | None = 2):
   with open(path, "w") as f:
     f.write(json.dumps(obj, indent=indent) + "\n")
