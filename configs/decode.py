@@ -14,8 +14,15 @@ def get_config():
   c = ml_collections.ConfigDict()
   c.run_dir = "runs/tiny"
   c.methods = "ar,prompt_lookup,draft"  # AR always runs first: it is the baseline
-  c.prompts = ""  # .txt (one per line) or .jsonl ("prompt"); empty = bundled held-out set
-  c.num_prompts = 0  # 0 = all
+  # humaneval (164 problems) | mtbench (80 first turns) | mtbench_turn2 (80 second turns, after
+  # the target's greedy first answers; needs chat_template), read from their pip packages
+  # (specjax/data/benchmarks.py says how each is phrased); else a .txt (one per line) or .jsonl
+  # ("prompt") file; empty = the bundled held-out set.
+  c.prompts = ""
+  c.num_prompts = 0  # the first N prompts; 0 = all
+  # Render each prompt as a user message with the target's own chat template (as transformers'
+  # apply_chat_template(..., add_generation_prompt=True)); false = the raw prompt text.
+  c.chat_template = False
   c.max_new_tokens = 64
   c.temperature = 0.0  # 0 = greedy
   c.top_k = 0

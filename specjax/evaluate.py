@@ -18,7 +18,7 @@ import numpy as np
 
 from specjax import accounting, costs, sharding
 from specjax import run_dir as run_dir_lib
-from specjax.data import prompts as prompts_lib
+from specjax.data import benchmarks, chat
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import DecodeResult, check_fits, pad_prompts, to_lists
@@ -145,12 +145,42 @@ class Harness:
                                         params=self.layout.params(self.target.params))
     self.tok = run_dir_lib.load_tokenizer(cfg.run_dir)
     self.special = run_dir_lib.load_special_ids(cfg.run_dir)
-    self.texts = prompts_lib.load_prompts(cfg.prompts, cfg.num_prompts)
-    ids = [tokenizer_lib.encode(self.tok, t, self.special) for t in self.texts]
+    self.prompts = benchmarks.load(cfg.prompts, cfg.num_prompts)
+    self.texts = [p.text for p in self.prompts]
+    self.rendered, ids = self.encode_prompts(cfg)
     self.tokens, self.lens = pad_prompts(ids, self.special.pad_id)
     check_fits(self.lens, cfg.max_new_tokens, max(lookahead(m, cfg) for m in methods),
                cfg.cache_len)
     self.ar_outputs = None
+
+  def encode_prompts(self, cfg):
+    """(the chat-rendered texts, None without a chat template; every prompt's ids)."""
+    if not cfg.chat_template:
+      if any(p.earlier for p in self.prompts):
+        raise SpecjaxError(f"--config.prompts={cfg.prompts} continues a conversation; add "
+                           "--config.chat_template=true")
+      return None, [tokenizer_lib.encode(self.tok, t, self.special) for t in self.texts]
+    template = chat.load(cfg.run_dir, self.tok, self.special)
+    rendered = chat.render_prompts(template, self.prompts, self.tok,
+                                   lambda ids: self.greedy(cfg, ids))
+    return rendered, [chat.encode(self.tok, r) for r in rendered]
+
+  def greedy(self, cfg, ids) -> list[list[int]]:
+    """The target's greedy AR continuation of each prompt, EOS dropped."""
+    tokens, lens = pad_prompts(ids, self.special.pad_id)
+    check_fits(lens, cfg.max_new_tokens, 0, cfg.cache_len)
+    eos_id = self.special.eos_ids or self.special.eos_id
+    decoder = ARDecoder(self.target.graphdef, Sampler(), cfg.max_new_tokens, cfg.cache_len,
+                        eos_id, layout=self.layout)
+    gather = jax.device_get if self.layout is None else self.layout.gather
+    batches, real = make_batches(tokens, lens, cfg.batch_size)
+    outputs = []
+    for (t, l), n in zip(batches, real):
+      if self.layout is not None:
+        t, l = self.layout.rows(t), self.layout.rows(l)
+      result = gather(decoder(self.target.params, t, l, jax.random.key(cfg.seed)))
+      outputs += to_lists(result, eos_id)[:n]
+    return outputs
 
   def run(self, method: str, cfg) -> dict:
     """Decodes every prompt with one method and returns its SPEC section 4 entry."""
@@ -184,8 +214,8 @@ class Harness:
         "distinct_4gram": distinct_ngram_ratio(outputs),
         "lossless_check": (mismatches == 0) if greedy else None,
         "mismatched_outputs": mismatches,
-        "outputs": [{"prompt": p, "token_ids": o, "text": tokenizer_lib.decode(self.tok, o)}
-                    for p, o in zip(self.texts, outputs)],
+        "outputs": [output_entry(p, r, o, self.tok) for p, r, o in
+                    zip(self.prompts, self.rendered or [None] * len(outputs), outputs)],
     }
     if method in registry.BLOCK_METHODS:
       entry["block_size"] = cfg.block_size
@@ -205,6 +235,15 @@ class Harness:
     (the first run of a process can be slow, and a slow baseline flatters every drafter)."""
     again = self.run("ar", cfg)
     return again if again["wall_seconds"] < ar_entry["wall_seconds"] else ar_entry
+
+
+def output_entry(prompt, rendered, ids, tok) -> dict:
+  """One decoded prompt: its source id (and MT-Bench category and turn), the raw prompt, the
+  chat text actually encoded (with a chat template), the output ids and text."""
+  entry = {**prompt.fields(), "prompt": prompt.text}
+  if rendered is not None:
+    entry["rendered_prompt"] = rendered
+  return {**entry, "token_ids": ids, "text": tokenizer_lib.decode(tok, ids)}
 
 
 def evaluate(cfg) -> dict:
