@@ -38,6 +38,10 @@ def get_config():
   c.lookup_max_ngram = 3
   c.schedule = "fixed"  # DSpark verify budget: fixed | threshold | load_aware
   c.schedule_threshold = 0.5  # threshold schedule: verify drafts whose survival stays >= this
+  # How the target (and a draft model) hold their weights: auto | xla | kernel | gguf
+  # (specjax/decode_weights.py). auto = specjax's CPU kernel on one CPU device (the GGUF file's
+  # own quantized blocks for a target imported from one), else XLA's dot.
+  c.target_weights = "auto"
   c.cache_len = 512  # positions per row: prompt + max_new_tokens + K + 1 must fit
   c.seed = 0
   # Decode over a device mesh, with training's logical-axis rules (empty = specjax.sharding.

@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from specjax import accounting, costs, sharding
+from specjax import accounting, costs, decode_weights, sharding
 from specjax import run_dir as run_dir_lib
 from specjax.data import benchmarks, chat
 from specjax.data import tokenizer as tokenizer_lib
@@ -57,15 +57,18 @@ def lookahead(method: str, cfg) -> int:
 
 
 def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int,
-                 layout=None):
+                 layout=None, weights_mode: str = "xla"):
   """(decoder, drafter, drafter params); AR has no drafter. With a sharding.Layout the loop
-  runs over its mesh and the drafter's parameters are placed on it."""
+  runs over its mesh and the drafter's parameters are placed on it; a draft model's weights
+  are held as `weights_mode` says (decode_weights)."""
   if method == "ar":
     return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                      layout=layout), None, None
   drafter, params = registry.build(method, cfg, target)
   if layout is not None:
     params = layout.params(params)
+  if method == "draft":
+    params = decode_weights.prepare_draft(params, weights_mode)
   decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                                layout=layout, drafter=drafter)
   return decoder, drafter, params
@@ -139,10 +142,13 @@ class Harness:
       raise SpecjaxError(f"batch_size must be >= 1, got {cfg.batch_size}")
     self.sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
     self.layout = sharding.decode_layout(cfg)
+    self.weights_mode = decode_weights.resolve(cfg.get("target_weights", "xla"), cfg.run_dir,
+                                               self.layout)
     self.target = run_dir_lib.load_target(cfg.run_dir)
     if self.layout is not None:
       self.target = dataclasses.replace(self.target,
                                         params=self.layout.params(self.target.params))
+    self.target = decode_weights.prepare(self.target, cfg.run_dir, self.weights_mode)
     self.tok = run_dir_lib.load_tokenizer(cfg.run_dir)
     self.special = run_dir_lib.load_special_ids(cfg.run_dir)
     self.prompts = benchmarks.load(cfg.prompts, cfg.num_prompts)
@@ -188,7 +194,7 @@ class Harness:
     batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
     eos_id = self.special.eos_ids or self.special.eos_id  # stop on any EOS the model names
     decoder, drafter, dparams = make_decoder(method, cfg, target, sampler, cfg.cache_len, eos_id,
-                                             self.layout)
+                                             self.layout, self.weights_mode)
     if self.layout is not None:
       batches = [(self.layout.rows(t), self.layout.rows(l)) for t, l in batches]
     if drafter is None:
@@ -210,6 +216,7 @@ class Harness:
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "batch_size": cfg.batch_size,
+        "target_weights": self.weights_mode,
         **metrics,
         "distinct_4gram": distinct_ngram_ratio(outputs),
         "lossless_check": (mismatches == 0) if greedy else None,

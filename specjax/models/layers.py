@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.models.kv_cache import LayerKV, write_rows
+from specjax.models import weights
+from specjax.models.weights import project
 
 NEG_INF = -1e30
 
@@ -132,19 +134,19 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
       self.k_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
 
-  def _w(self, p):
-    return p[...].astype(self.cfg.compute_dtype)
+  def _proj(self, x, p, equation, weight_shape=None):
+    return project(x, p, equation, self.cfg.compute_dtype, weight_shape)
 
   def queries(self, x_BxTxD, positions_BxT):
-    q = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wq))
+    q = self._proj(x_BxTxD, self.wq, "btd,dnh->btnh")
     if self.cfg.qk_norm:
       q = self.q_norm(q)
     return apply_rope(q, positions_BxT, self.cfg.rope_theta,
                       self.cfg.rope_llama3_scaling)
 
   def keys_values(self, x_BxTxD, positions_BxT):
-    k = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wk))
-    v = jnp.einsum("btd,dnh->btnh", x_BxTxD, self._w(self.wv))
+    k = self._proj(x_BxTxD, self.wk, "btd,dnh->btnh")
+    v = self._proj(x_BxTxD, self.wv, "btd,dnh->btnh")
     if self.cfg.qk_norm:
       k = self.k_norm(k)
     return apply_rope(k, positions_BxT, self.cfg.rope_theta,
@@ -165,8 +167,8 @@ class Attention(nnx.Module):
     # one contraction over the merged (head, head_dim) axis: contracting two axes let XLA:CPU
     # transpose the [N, H, D] weight on every call (inside a decode loop: every step)
     b, t, n, hd = heads_BxTxNxH.shape
-    w_FxD = self._w(self.wo).reshape(n * hd, -1)
-    return jnp.einsum("btf,fd->btd", heads_BxTxNxH.reshape(b, t, n * hd), w_FxD)
+    return self._proj(heads_BxTxNxH.reshape(b, t, n * hd), self.wo, "btf,fd->btd",
+                      (n * hd, -1))
 
   def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
     """Attention under an explicit mask over all S keys (training, reference passes)."""
@@ -183,6 +185,12 @@ class Attention(nnx.Module):
         return self._heads(q, k[:, :length], v[:, :length], mask)
       return run
 
+    if weights.is_packed(self.wq) and q_BxTxNxH.shape[-1] % 16 == 0:
+      # the CPU kernels hold this layer's weights (decode_weights): their attention reads
+      # exactly the slots each query sees, with no buckets
+      from specjax.kernels import cpu
+      out = cpu.attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
+      return self._out(out.astype(q_BxTxNxH.dtype))
     buckets = key_buckets(k_BxSxKxH.shape[1])
     operands = (q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
     if len(buckets) == 1:
@@ -230,8 +238,9 @@ class MLP(nnx.Module):
 
   def __call__(self, x_BxTxD):
     dt = self.cfg.compute_dtype
-    gate = jax.nn.silu(x_BxTxD @ self.w_gate[...].astype(dt))
-    return (gate * (x_BxTxD @ self.w_up[...].astype(dt))) @ self.w_down[...].astype(dt)
+    gate = jax.nn.silu(project(x_BxTxD, self.w_gate, "...d,df->...f", dt))
+    return project(gate * project(x_BxTxD, self.w_up, "...d,df->...f", dt), self.w_down,
+                   "...f,fd->...d", dt)
 
 
 class Block(nnx.Module):

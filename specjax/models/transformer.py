@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax.models import weights
 from specjax.models.kv_cache import KVCache
 from specjax.models.layers import (
     Block,
@@ -47,17 +48,14 @@ class Transformer(nnx.Module):
       )
 
   def embed(self, tokens_BxT):
-    return jnp.take(self.embedding[...], tokens_BxT, axis=0).astype(self.cfg.compute_dtype)
+    return weights.embed(self.embedding, tokens_BxT, self.cfg.compute_dtype)
 
   def logits(self, hidden_BxTxD):
     """LM head (tied or not); logits are accumulated and returned in float32, whatever the
     compute dtype, so bf16 models do not round the logits that sampling compares."""
-    if self.cfg.tie_embeddings:
-      w_DxV = self.embedding[...].T
-    else:
-      w_DxV = self.lm_head[...]
-    return jnp.einsum("btd,dv->btv", hidden_BxTxD, w_DxV.astype(self.cfg.compute_dtype),
-                      preferred_element_type=jnp.float32)
+    tied = self.cfg.tie_embeddings
+    return weights.lm_head(hidden_BxTxD, self.embedding if tied else self.lm_head, tied,
+                           self.cfg.compute_dtype)
 
   def init_cache(self, batch: int, length: int) -> KVCache:
     cfg = self.cfg
