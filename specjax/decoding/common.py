@@ -62,11 +62,13 @@ def check_fits(prompt_lens, max_new_tokens: int, lookahead: int, cache_len: int,
 
 def prefill(target, tokens_BxP, lens_B, cache_len: int, feature_layers=()):
   """Runs the prompts through the target. Returns (cache with end = lengths, the pass's
-  output, logits at each row's last prompt token)."""
+  output (hidden states and features; no logits), logits at each row's last prompt token).
+  The LM head runs on the last positions only: over a whole 200-token prompt it is 12 GFLOP
+  of a small model's 66."""
   cache = target.init_cache(tokens_BxP.shape[0], cache_len)
-  out = target(tokens_BxP, cache=cache, feature_layers=feature_layers)
-  last = jnp.take_along_axis(out.logits_BxTxV, (lens_B - 1)[:, None, None], axis=1)[:, 0]
-  return out.cache.rollback(lens_B), out, last
+  out = target(tokens_BxP, cache=cache, feature_layers=feature_layers, compute_logits=False)
+  hidden_Bx1xD = jnp.take_along_axis(out.hidden_BxTxD, (lens_B - 1)[:, None, None], axis=1)
+  return out.cache.rollback(lens_B), out, target.logits(hidden_Bx1xD)[:, 0]
 
 
 def eos_set(eos_id) -> tuple[int, ...]:

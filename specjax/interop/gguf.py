@@ -282,12 +282,9 @@ def import_gguf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
     raise SpecjaxError(f"{src} has {len(meta['tokenizer.ggml.tokens'])} tokens, more than the "
                        f"{cfg.vocab_size} rows of token_embd.weight")
 
-  folder = run_dir_lib.model_dir(dst, "target")
-  ckpt_dir = os.path.join(folder, "checkpoints")
-  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-    raise SpecjaxError(f"{folder} already holds a target; import into a fresh run directory")
-  mesh = sharding.make_mesh(mesh_shape or hf.DEFAULT_IMPORT_MESH)
-  params = load_params(reader, cfg, arch, mesh, src=src)
+  folder, ckpt_dir = hf.fresh_target(dst)
+  params = load_params(reader, cfg, arch, sharding.make_mesh(mesh_shape or hf.DEFAULT_IMPORT_MESH),
+                       src=src)
   num_params = sum(x.size for x in jax.tree.leaves(params))
   largest = max(x.nbytes for x in jax.tree.leaves(params))
   os.makedirs(os.path.join(folder, "hf"), exist_ok=True)

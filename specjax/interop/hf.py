@@ -124,6 +124,15 @@ def load_params(src: str, cfg: TransformerConfig, mesh, rules=sharding.DEFAULT_R
   return nnx.from_flat_state(flat)
 
 
+def fresh_target(dst: str) -> tuple[str, str]:
+  """(dst/target, its checkpoints folder), refusing a run directory that holds a target."""
+  folder = run_dir_lib.model_dir(dst, "target")
+  ckpt_dir = os.path.join(folder, "checkpoints")
+  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
+    raise SpecjaxError(f"{folder} already holds a target; import into a fresh run directory")
+  return folder, ckpt_dir
+
+
 def import_hf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
   """Converts the HF checkpoint folder `src` into `dst/target/`; returns that folder."""
   src = os.path.abspath(os.path.expanduser(src))
@@ -140,12 +149,8 @@ def import_hf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
     raise SpecjaxError(f"{tok_path} has {tok.get_vocab_size()} tokens, more than the model's "
                        f"vocab_size={cfg.vocab_size}")
 
-  folder = run_dir_lib.model_dir(dst, "target")
-  ckpt_dir = os.path.join(folder, "checkpoints")
-  if os.path.isdir(ckpt_dir) and os.listdir(ckpt_dir):
-    raise SpecjaxError(f"{folder} already holds a target; import into a fresh run directory")
-  mesh = sharding.make_mesh(mesh_shape or DEFAULT_IMPORT_MESH)
-  params = load_params(src, cfg, mesh)
+  folder, ckpt_dir = fresh_target(dst)
+  params = load_params(src, cfg, sharding.make_mesh(mesh_shape or DEFAULT_IMPORT_MESH))
   num_params = sum(x.size for x in jax.tree.leaves(params))
 
   os.makedirs(os.path.join(folder, "hf"), exist_ok=True)

@@ -130,15 +130,16 @@ void rows_block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t
   for (; p < p1; ++p) block<FMT, MT, 1>(w, x, ldx, y, N, p);
 }
 
-// Panels [p0, p1) for all M rows, in groups of up to 8 rows.
+// Rows in groups of up to 8 (12 over float32 weights when there are more than 8: more rows
+// per weight loaded; a row's operations are the same in any group).
 template <int FMT>
-void outputs(const Weights& w, const float* x, int64_t M, float* y, int64_t N, int64_t p0,
-             int64_t p1) {
-  const int64_t K = w.K;
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {
+void row_groups(const Weights& w, const float* x, int64_t M, float* y, int64_t N, int64_t p0,
+                int64_t p1) {
+  const int64_t K = w.K, group = FMT == kF32 && M > 8 ? 12 : 8;
+  for (int64_t m0 = 0; m0 < M; m0 += group) {
     const float* xm = x + m0 * K;
     float* ym = y + m0 * N;
-    switch (std::min<int64_t>(8, M - m0)) {
+    switch (std::min<int64_t>(group, M - m0)) {
       case 1: rows_block<FMT, 1>(w, xm, K, ym, N, p0, p1); break;
       case 2: rows_block<FMT, 2>(w, xm, K, ym, N, p0, p1); break;
       case 3: rows_block<FMT, 3>(w, xm, K, ym, N, p0, p1); break;
@@ -146,9 +147,44 @@ void outputs(const Weights& w, const float* x, int64_t M, float* y, int64_t N, i
       case 5: rows_block<FMT, 5>(w, xm, K, ym, N, p0, p1); break;
       case 6: rows_block<FMT, 6>(w, xm, K, ym, N, p0, p1); break;
       case 7: rows_block<FMT, 7>(w, xm, K, ym, N, p0, p1); break;
-      default: rows_block<FMT, 8>(w, xm, K, ym, N, p0, p1); break;
+      case 8: rows_block<FMT, 8>(w, xm, K, ym, N, p0, p1); break;
+      case 9: rows_block<FMT, 9>(w, xm, K, ym, N, p0, p1); break;
+      case 10: rows_block<FMT, 10>(w, xm, K, ym, N, p0, p1); break;
+      case 11: rows_block<FMT, 11>(w, xm, K, ym, N, p0, p1); break;
+      default: rows_block<FMT, 12>(w, xm, K, ym, N, p0, p1); break;
     }
   }
+}
+
+// Panels [p0, p1) for all M rows, in groups of up to 8 rows. Beyond 8 rows (a prefill), the
+// panels are first dequantized once into a cache-resident float32 copy, holding exactly the
+// values the register path computes, and every group of rows runs over that.
+template <int FMT>
+void outputs(const Weights& w, const float* x, int64_t M, float* y, int64_t N, int64_t p0,
+             int64_t p1) {
+  if (FMT == kF32 || M <= 8) return row_groups<FMT>(w, x, M, y, N, p0, p1);
+  const int64_t K = w.K;
+  thread_local std::vector<float> copy;
+  copy.resize((p1 - p0) * K * kGroup);
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* rows = w.data + p * K * kRowBytes<FMT>;
+    float* out = copy.data() + (p - p0) * K * kGroup;
+    for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
+      Vec dm[4];
+      if constexpr (FMT >= kQ8) {
+        const float* s = w.scales + (p * (K / kGroup) + k0 / kGroup) * 2 * kGroup;
+        for (int i = 0; i < 4; ++i) dm[i] = vload(s + 16 * i);
+      }
+      for (int64_t k = k0; k < k0 + kGroup; ++k) {
+        Vec lo, hi;
+        load_row<FMT>(rows + k * kRowBytes<FMT>, dm, lo, hi);
+        vstore(out + k * kGroup, lo);
+        vstore(out + k * kGroup + 16, hi);
+      }
+    }
+  }
+  const Weights f32{reinterpret_cast<const uint8_t*>(copy.data()), nullptr, K};
+  row_groups<kF32>(f32, x, M, y + p0 * kGroup, N, 0, p1 - p0);  // panel 0 of the copy is p0
 }
 
 template <int FMT>
