@@ -44,11 +44,12 @@ def test_matmul_equals_float64_reference(fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_rows_are_bit_identical_whatever_shares_the_call(fmt):
   """Row m of an M-row product equals the one-row product of x[m] exactly, for M across the
-  register tiles (1-8) and the panel path (9+): what makes a verify pass equal AR steps."""
+  register tiles (1-8, then groups of 8) and the dequantized copy of a prefill (32+): what
+  makes a verify pass equal AR steps."""
   w = random_weight(fmt, 96, 64, seed=2)
-  x = jnp.asarray(np.random.default_rng(3).standard_normal((20, 64)), jnp.float32)
-  one_by_one = np.concatenate([kernel(x[i:i + 1], w) for i in range(20)])
-  for m in (2, 3, 5, 8, 9, 16, 20):
+  x = jnp.asarray(np.random.default_rng(3).standard_normal((40, 64)), jnp.float32)
+  one_by_one = np.concatenate([kernel(x[i:i + 1], w) for i in range(40)])
+  for m in (2, 3, 5, 8, 9, 16, 20, 33, 40):
     np.testing.assert_array_equal(kernel(x[:m], w), one_by_one[:m], err_msg=f"M={m}")
 
 

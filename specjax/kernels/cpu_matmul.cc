@@ -30,6 +30,7 @@ constexpr int64_t kGroup = 32;  // outputs per panel; also inputs per (d, m) blo
 #define SPECJAX_PREFETCH 8192
 #endif
 constexpr int64_t kPrefetch = SPECJAX_PREFETCH;  // bytes ahead of each panel's weight stream
+constexpr int64_t kCopyRows = 32;  // rows from which block codes are dequantized once (outputs)
 
 // bytes of one input's 32 outputs in a panel
 template <int FMT>
@@ -130,12 +131,12 @@ void rows_block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t
   for (; p < p1; ++p) block<FMT, MT, 1>(w, x, ldx, y, N, p);
 }
 
-// Rows in groups of up to 8 (12 over float32 weights when there are more than 8: more rows
-// per weight loaded; a row's operations are the same in any group).
+// Rows in groups of up to 8 (12 over float32 weights for a prefill: more rows per weight
+// loaded; a row's operations are the same in any group).
 template <int FMT>
 void row_groups(const Weights& w, const float* x, int64_t M, float* y, int64_t N, int64_t p0,
                 int64_t p1) {
-  const int64_t K = w.K, group = FMT == kF32 && M > 8 ? 12 : 8;
+  const int64_t K = w.K, group = FMT == kF32 && M >= kCopyRows ? 12 : 8;
   for (int64_t m0 = 0; m0 < M; m0 += group) {
     const float* xm = x + m0 * K;
     float* ym = y + m0 * N;
@@ -156,13 +157,14 @@ void row_groups(const Weights& w, const float* x, int64_t M, float* y, int64_t N
   }
 }
 
-// Panels [p0, p1) for all M rows, in groups of up to 8 rows. Beyond 8 rows (a prefill), the
+// Panels [p0, p1) for all M rows, in groups of up to 8 rows. From 32 rows on (a prefill), the
 // panels are first dequantized once into a cache-resident float32 copy, holding exactly the
-// values the register path computes, and every group of rows runs over that.
+// values the register path computes, and every group of rows runs over that (for fewer rows,
+// writing and rereading the copy costs more than dequantizing in registers again).
 template <int FMT>
 void outputs(const Weights& w, const float* x, int64_t M, float* y, int64_t N, int64_t p0,
              int64_t p1) {
-  if (FMT == kF32 || M <= 8) return row_groups<FMT>(w, x, M, y, N, p0, p1);
+  if (FMT == kF32 || M < kCopyRows) return row_groups<FMT>(w, x, M, y, N, p0, p1);
   const int64_t K = w.K;
   thread_local std::vector<float> copy;
   copy.resize((p1 - p0) * K * kGroup);
