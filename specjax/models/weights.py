@@ -3,7 +3,7 @@ a `PackedWeight` that the CPU kernel streams (specjax/kernels/cpu.py).
 
 Parameters keep specjax's layout, input axes first (wq [D, N, H], wo [N, H, D], w_gate [D, F],
 lm_head [D, V]); the embedding [V, D] is read as the tied LM head. A PackedWeight holds the same
-matrix as rows, one per output ([N_out, K_in]), in one of the kernel's formats: f32, bf16, or
+[N_out, K_in] matrix in the kernel's panel layout, in one of its formats: f32, bf16, or
 llama.cpp's 32-weight blocks (`q8`, `q4`: codes q with a scale d and an offset m per block,
 w = d * q + m). Packing an f32 or bf16 checkpoint changes no value; the block formats carry a
 GGUF file's own quantized weights (specjax/interop/gguf_blocks.py).
