@@ -84,10 +84,63 @@ def test_prompt_lookup_copies_the_continuation_of_a_repeated_ngram():
                    [1, 2, 3, 4, 5, 6, 7, 0, 0, 0]])
   end = jnp.array([6, 6])  # committed: seq[:7]; pending = seq[6]
   drafter = PromptLookupDrafter(3)
-  drafts, q, _ = drafter.propose(None, None, (), Context(seq, end, seq[:, 6]), None, None)
+  drafts, q, budget = drafter.propose(None, None, (), Context(seq, end, seq[:, 6]), None, None)
   assert q is None
   assert drafts[0].tolist() == [7, 8, 9]  # "5 6" occurred before, followed by 7 8 9
   assert drafts[1].tolist() == [7, 7, 7]  # no earlier occurrence: repeat pending
+  # only real continuations are verified: all 3 drafts of row 0, none of row 1
+  assert budget.tolist() == [3, 0]
+  assert drafter.verify_budget(None, budget, None).tolist() == [3, 0]
+  # a continuation shorter than K: "4" recurs at 0, followed by 9 4 only
+  seq = jnp.array([[4, 9, 4, 0, 0]])
+  drafts, _, budget = drafter.propose(None, None, (), Context(seq, jnp.array([2]), seq[:, 2]),
+                                      None, None)
+  assert drafts[0].tolist()[:2] == [9, 4] and budget.tolist() == [2]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_prompt_lookup_verifies_one_token_when_nothing_recurs(models, batch):
+  """Steps with no recurring n-gram run the one-token pass (width 0), the others width K, and
+  the output still equals AR's."""
+  (g, p), _ = models
+  k = 4
+  prompts = random_prompts(6, VOCAB, seed=11)
+  prompts[0] = prompts[0][:3] * 4
+  widths = np.zeros(k + 1, int)
+  for i in range(0, len(prompts), batch):
+    chunk = prompts[i:i + batch]
+    spec = run_spec(g, p, PromptLookupDrafter(k), None, chunk, 24)
+    assert to_lists(spec, 0) == to_lists(run_ar(g, p, chunk, 24), 0)
+    widths += np.asarray(spec.width_counts)
+    # every step ran exactly one verify pass, at one of the compiled widths (0, 1, 2, 4)
+    assert np.asarray(spec.width_counts).sum() == int(spec.target_calls) - 1
+  assert widths[0] > 0 and widths[k] > 0, widths
+  assert widths[3] == 0  # 3 is not compiled: a budget of 3 runs width 4
+
+
+def test_verify_at_width_is_the_plain_pass_at_that_width(models):
+  """Each compiled width gives the logits and cache of a plain pass over its w + 1 positions
+  (the budget picks the smallest width that holds it); the cache of the other widths is not
+  touched."""
+  import jax
+  from flax import nnx
+  from specjax.decoding.schedule import verify_at_width
+  (g, p), _ = models
+  target = nnx.merge(g, p)
+  prompt = jnp.array([[3, 5, 7, 9, 11, 13]], jnp.int32)
+  pre = target(prompt, cache=target.init_cache(1, 32))
+  window = jnp.array([[4, 8, 15, 16, 23]], jnp.int32)
+  widths = (0, 1, 2, 4)
+  run = jax.jit(lambda need: verify_at_width(target, window, pre.cache, widths, need))
+  for need, expect in ((0, 0), (1, 1), (2, 2), (3, 4), (4, 4)):
+    out, w = run(jnp.int32(need))
+    assert int(w) == expect
+    plain = target(window[:, :expect + 1], cache=pre.cache)
+    np.testing.assert_allclose(np.asarray(out.logits_BxTxV[:, :expect + 1]),
+                               np.asarray(plain.logits_BxTxV), atol=1e-5)
+    assert int(out.cache.end_B[0]) == 6 + expect + 1
+    for a, b in zip(out.cache.layers, plain.cache.layers):
+      np.testing.assert_allclose(np.asarray(a.k_BxSxKxH), np.asarray(b.k_BxSxKxH), atol=1e-5)
 
 
 def test_draft_model_cache_rolls_back_at_every_position(models):

@@ -101,14 +101,24 @@ def _padded(out: TransformerOutput, k1: int) -> TransformerOutput:
 def verify_at_width(target, window_BxK1, cache, widths, need, feature_layers=()):
   """The target's verify pass over the first w+1 window positions, w the smallest compiled
   width >= need (a traced scalar), outputs padded to K+1 positions (the padding is never
-  read: nothing past the budget is accepted). Returns (output, w)."""
+  read: nothing past the budget is accepted). Returns (output, w).
+
+  Each width is a `while_loop` that runs once or not at all, not a branch of one
+  `lax.switch`: XLA:CPU copies every cache buffer into and out of a conditional whose
+  branches write it (two full copies of the cache a step), while a loop's carry is updated
+  in place."""
   k1 = window_BxK1.shape[1]
-
-  def branch(w):
-    return lambda window, cache: _padded(target(window[:, :w + 1], cache=cache,
-                                                feature_layers=feature_layers), k1)
-
   widths_arr = jnp.asarray(widths, jnp.int32)
   index = jnp.minimum(jnp.searchsorted(widths_arr, need), len(widths) - 1)
-  out = jax.lax.switch(index, [branch(w) for w in widths], window_BxK1, cache)
+  shape = jax.eval_shape(lambda w, c: _padded(target(w, cache=c, feature_layers=feature_layers),
+                                              k1), window_BxK1, cache)
+  out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape)
+  out = out.replace(cache=cache)
+  for i, w in enumerate(widths):
+    def body(carry, w=w):
+      pending, out = carry
+      new = _padded(target(window_BxK1[:, :w + 1], cache=out.cache,
+                           feature_layers=feature_layers), k1)
+      return jnp.bool_(False), new
+    out = jax.lax.while_loop(lambda c: c[0], body, (index == i, out))[1]
   return out, widths_arr[index]

@@ -2,6 +2,12 @@
 
 Proposes the K tokens that followed the most recent earlier occurrence of the last n
 committed tokens (n from `max_ngram` down to 1) in the prompt and generated text.
+
+Only the tokens that really follow the match are verified: a per-row budget (the loop's
+verify-width mechanism, decoding/schedule.py) of 0 when no n-gram recurs, else the
+continuation's length up to K. A row with nothing to propose then pays a one-token pass,
+not a K+1-token one, as transformers' prompt lookup does. The budget is a function of the
+committed tokens alone, fixed before verification: lossless at any temperature.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from specjax.decoding.schedule import default_widths
 from specjax.drafters.base import Context, Drafter
 
 
@@ -31,8 +38,15 @@ def lookup_start(seq_BxS, length_B, ngram: int):
 class PromptLookupDrafter(Drafter):
   max_ngram: int = 3
 
+  @property
+  def verify_widths(self):
+    return default_widths(self.num_draft_tokens)
+
   def init(self, params, target, prefill):
-    return ()
+    return jnp.zeros(prefill.lens_B.shape, jnp.int32)  # the state: this step's budget
+
+  def verify_budget(self, params, state, active_B):
+    return state
 
   def propose(self, params, target, state, ctx: Context, sampler, rng):
     length_B = ctx.end_B + 1
@@ -43,7 +57,8 @@ class PromptLookupDrafter(Drafter):
     index = jnp.minimum(index, length_B[:, None] - 1)
     drafts = jnp.take_along_axis(ctx.seq_BxS, jnp.maximum(index, 0), axis=1)
     drafts = jnp.where(start_B[:, None] >= 0, drafts, ctx.pending_B[:, None])
-    return drafts.astype(jnp.int32), None, state
+    budget_B = jnp.where(start_B >= 0, jnp.clip(length_B - start_B, 0, self.num_draft_tokens), 0)
+    return drafts.astype(jnp.int32), None, budget_B.astype(jnp.int32)
 
   def commit(self, params, target, state, verified):
     return state
