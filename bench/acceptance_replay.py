@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.training.dflash import block_hidden
@@ -68,7 +69,7 @@ def dflash_drafts(run_dir: str, block_size: int):
   """(tokens) -> [T, B-1] DFlash's training-mode block drafts anchored at each position."""
   target_loaded = run_dir_lib.load_target(run_dir)
   target = target_loaded.module()
-  graphdef, params, layers = run_dir_lib.load_dflash(run_dir, target_loaded, block_size)
+  graphdef, params, layers = builtin.load_dflash(run_dir, target_loaded, block_size)
   model = nnx.merge(graphdef, params)
 
   @jax.jit

@@ -22,7 +22,7 @@ import os
 import common  # sets sys.path
 
 from specjax import costs
-from specjax.drafters import registry as drafters
+from specjax import methods as drafters
 from specjax.evaluate import Harness
 from specjax.sampling import Sampler
 

@@ -25,11 +25,12 @@ import jax
 import numpy as np
 
 from specjax import config_base
+from specjax import methods
 from specjax.training import budget, dflash, draft, mtp, registry
 from specjax.training.loop import step_fn
 from specjax.training.optimizer import make_optimizer
 
-METHODS = ("draft", "mtp_parallel", "mtp_sequential", "dflash", "dspark", "dflash2")
+METHODS = methods.trained()
 
 
 class _Task(Exception):

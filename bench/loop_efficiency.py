@@ -42,11 +42,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import accounting, costs, evaluate
+from specjax import accounting, costs, evaluate, methods
 from specjax.decoding.ar import ARDecoder
 from specjax.sampling import Sampler
 
-METHODS = "prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash,dspark,dflash2"
+METHODS = ",".join(methods.drafting())
 INNER = 8  # a cost is the slope between INNER and 2 x INNER back-to-back calls
 
 

@@ -22,10 +22,10 @@ import common  # sets sys.path
 import jax
 import jax.numpy as jnp
 
-from specjax import costs, evaluate, run_dir as run_dir_lib
+from specjax import costs, evaluate, methods, run_dir as run_dir_lib
 from specjax.sampling import Sampler
 
-METHODS = "ar,prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash,dspark,dflash2"
+METHODS = ",".join(methods.names())
 # ops that launch nothing: tuple plumbing, constants, layout-free reshapes
 FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "opt-barrier",
         "after-all"}

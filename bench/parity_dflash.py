@@ -62,7 +62,7 @@ def logit_parity(run_dir: str, work: str):
   """(max |logit diff|, argmax agreement) of an imported random drafter vs the reference."""
   import torch
   from dflash.model import extract_context_feature
-  from specjax.run_dir import load_dflash
+  from specjax.methods.builtin import load_dflash
   run = os.path.join(work, "random_run")
   shutil.copytree(os.path.join(run_dir, "target"), os.path.join(run, "target"))
   target = run_dir_lib.load_target(run)
@@ -107,7 +107,7 @@ def generate_parity(run_dir: str, work: str, num_prompts: int, max_new: int):
   from specjax.decoding.speculative import SpeculativeDecoder
   from specjax.drafters.dflash import DFlashDrafter
   from specjax.interop import hf
-  from specjax.run_dir import load_dflash
+  from specjax.methods.builtin import load_dflash
   trained = os.path.join(run_dir, "dflash", "config.json")
   use_trained = (os.path.exists(trained)
                  and int(run_dir_lib.load_config(os.path.dirname(trained))

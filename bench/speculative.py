@@ -15,7 +15,7 @@ import argparse
 import common  # sets sys.path
 
 from specjax import evaluate
-from specjax.drafters import registry
+from specjax import methods
 from specjax.errors import SpecjaxError
 
 
@@ -50,9 +50,9 @@ def main(argv=None):
     rows.append(None)
     entries = []
     for method in methods:
-      sizes = blocks if method in registry.BLOCK_METHODS else ks
+      sizes = blocks if methods.get(method).sized_by_block else ks
       for size in sizes:
-        if method in registry.BLOCK_METHODS:
+        if methods.get(method).sized_by_block:
           cfg.block_size = size
         else:
           cfg.num_draft_tokens = size

@@ -24,7 +24,7 @@ from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import DecodeResult, check_fits, pad_prompts, to_lists
 from specjax.sampling import Sampler
 from specjax.decoding.speculative import SpeculativeDecoder
-from specjax.drafters import registry
+from specjax import methods as methods_lib
 from specjax.errors import SpecjaxError
 
 
@@ -33,8 +33,7 @@ def parse_methods(text) -> list[str]:
   if not names:
     raise SpecjaxError("--config.methods is empty; e.g. --config.methods=ar,prompt_lookup,draft")
   for n in names:
-    if n not in registry.METHODS:
-      raise SpecjaxError(f"unknown method '{n}'; known: {', '.join(registry.METHODS)}")
+    methods_lib.get(n)  # unknown: a one-line error naming the known methods
   # AR runs first, always: it is the baseline for speedup and losslessness.
   return ["ar"] + [n for n in dict.fromkeys(names) if n != "ar"]
 
@@ -51,9 +50,7 @@ def distinct_ngram_ratio(outputs: list[list[int]], n: int = 4) -> float:
 
 def lookahead(method: str, cfg) -> int:
   """Draft tokens per step for a method (0 for AR)."""
-  if method == "ar":
-    return 0
-  return registry.num_drafts(method, cfg)
+  return methods_lib.num_drafts(method, cfg)
 
 
 def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int,
@@ -61,14 +58,15 @@ def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos
   """(decoder, drafter, drafter params); AR has no drafter. With a sharding.Layout the loop
   runs over its mesh and the drafter's parameters are placed on it; a draft model's weights
   are held as `weights_mode` says (decode_weights)."""
-  if method == "ar":
+  spec = methods_lib.get(method)
+  if spec.build is None:
     return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                      layout=layout), None, None
-  drafter, params = registry.build(method, cfg, target)
+  drafter, params = spec.build(cfg, target)
   if layout is not None:
     params = layout.params(params)
-  if method == "draft":
-    params = decode_weights.prepare_draft(params, weights_mode)
+  if spec.prepare_params is not None:
+    params = spec.prepare_params(params, weights_mode)
   decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                                layout=layout, drafter=drafter)
   return decoder, drafter, params
@@ -224,7 +222,7 @@ class Harness:
         "outputs": [output_entry(p, r, o, self.tok) for p, r, o in
                     zip(self.prompts, self.rendered or [None] * len(outputs), outputs)],
     }
-    if method in registry.BLOCK_METHODS:
+    if methods_lib.get(method).sized_by_block:
       entry["block_size"] = cfg.block_size
     entry.update(budget_metrics(results, drafter))
     if cfg.measure_costs:

@@ -27,6 +27,7 @@ import numpy as np
 from flax import nnx
 
 from specjax import config_base
+from specjax import methods as methods_lib
 from specjax import run_dir as run_dir_lib
 from specjax import sharding
 from specjax.errors import SpecjaxError
@@ -72,13 +73,13 @@ def kv_bytes(num_layers, batch, length, kv_heads, head_dim, dtype, mesh, rules) 
   return 2 * num_layers * shard_bytes(shape, dtype, spec, mesh)
 
 
-def _abstract(build):
+def abstract_module(build):
   return nnx.split(nnx.eval_shape(lambda: build(nnx.Rngs(0))), nnx.Param)[1]
 
 
 def _abstract_target(target_cfg):
   from specjax.models import Transformer
-  return _abstract(lambda r: Transformer(target_cfg, rngs=r))
+  return abstract_module(lambda r: Transformer(target_cfg, rngs=r))
 
 
 def target_model_config(cfg):
@@ -102,33 +103,13 @@ def target_model_config(cfg):
                        "target_vocab_size in the config") from None
 
 
-def drafter_model(method: str, cfg, target_cfg):
+def drafter_model(method, target_cfg, cfg):
   """(abstract trainable params, [(layers, kv_heads, head_dim, dtype)] of its KV caches,
-  tokens per sequence its layers see in training)."""
-  from specjax.models import Transformer
-  if method == "draft":
-    m = run_dir_lib.transformer_config(cfg.model, target_cfg.vocab_size)
-    return (_abstract(lambda r: Transformer(m, rngs=r)),
-            [(m.num_layers, m.num_kv_heads, m.head_dim, m.compute_dtype)], None)
-  if method in ("mtp", "mtp_parallel", "mtp_sequential"):
-    variant = cfg.get("variant", method.removeprefix("mtp_"))
-    from specjax.drafters.mtp_parallel import heads_from_config
-    from specjax.drafters.mtp_sequential import modules_from_config
-    build = heads_from_config if variant == "parallel" else modules_from_config
-    caches = [] if variant == "parallel" else [(cfg.num_heads, target_cfg.num_kv_heads,
-                                                target_cfg.head_dim, target_cfg.compute_dtype)]
-    return _abstract(lambda r: build(cfg, target_cfg, r)), caches, None
-  if method in ("dflash", "dflash2", "dspark"):
-    from specjax.drafters import dflash, dflash2, dspark
-    build = {"dflash": dflash.build_model, "dflash2": dflash2.build_model,
-             "dspark": dspark.build_model}[method]
-    lc = dflash.layer_config(cfg, target_cfg)
-    tokens = int(cfg.num_anchors) * int(cfg.block_size)
-    return (_abstract(lambda r: build(cfg, target_cfg, r)),
-            [(cfg.num_layers, lc.num_kv_heads, lc.head_dim, lc.compute_dtype)], tokens)
-  if method == "prompt_lookup":
+  tokens per sequence its layers see in training) of a registered method (methods.Method):
+  (None, [], None) when it has no model."""
+  if method.plan_model is None:
     return None, [], None
-  raise SpecjaxError(f"planning does not know method '{method}'")
+  return method.plan_model(cfg, target_cfg)
 
 
 def activation_bytes(model_cfg, batch: int, seq: int, tensor: int, layers=None) -> int:
@@ -160,7 +141,7 @@ def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
     rows.append(("parameters", params, "trainable"))
     acts = activation_bytes(target_cfg, b, int(cfg.seq_len), _tensor(mesh))
   else:
-    abstract, _, tokens = drafter_model(method, cfg, target_cfg)
+    abstract, _, tokens = drafter_model(methods_lib.for_training(cfg), target_cfg, cfg)
     params = state_bytes(abstract, mesh, rules)
     rows.append(("parameters", params, "trainable (the drafter)"))
     rows.append(("frozen target", target_bytes, "forward only"))
@@ -177,7 +158,6 @@ def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
 
 
 def plan_decode(cfg, mesh, rules, methods, target_cfg=None) -> list[tuple[str, int, str]]:
-  from specjax.drafters import registry
   target_cfg = target_cfg or target_model_config(cfg)
   b, s = int(cfg.batch_size), int(cfg.cache_len)
   rows = [("target parameters", state_bytes(_abstract_target(target_cfg), mesh, rules), "")]
@@ -186,13 +166,11 @@ def plan_decode(cfg, mesh, rules, methods, target_cfg=None) -> list[tuple[str, i
                                            mesh, rules), f"batch {b} x cache_len {s}"))
   k = 0
   for method in methods:
-    if method == "ar":
+    k = max(k, methods_lib.num_drafts(method, cfg))
+    spec = methods_lib.get(method)
+    if spec.plan_model is None:
       continue
-    k = max(k, registry.num_drafts(method, cfg))
-    if method == "prompt_lookup":
-      continue
-    dcfg = drafter_config(cfg, method)
-    abstract, caches, _ = drafter_model(method, dcfg, target_cfg)
+    abstract, caches, _ = drafter_model(spec, target_cfg, drafter_config(cfg, method))
     if abstract is not None:
       rows.append((f"{method} parameters", state_bytes(abstract, mesh, rules), ""))
     for layers, kv, hd, dtype in caches:

@@ -20,13 +20,19 @@ import subprocess
 import numpy as np
 
 from specjax import accounting, evaluate
+from specjax import methods as methods_lib
 from specjax import run_dir as run_dir_lib
 from specjax.training import budget as budget_lib
 from specjax.errors import SpecjaxError
 
-ORDER = ("ar", "prompt_lookup", "draft", "mtp_parallel", "mtp_sequential", "dflash", "dspark",
-         "dflash2")
-MODELS = ("target", "draft", "mtp_parallel", "mtp_sequential", "dflash", "dspark", "dflash2")
+def order() -> tuple[str, ...]:
+  """Methods in the registry's order (specjax.methods): AR first."""
+  return methods_lib.names()
+
+
+def models() -> tuple[str, ...]:
+  """The model folders a run holds: the target, then each trained method's."""
+  return ("target",) + methods_lib.trained()
 PAPER_GAIN = {"dspark": 0.15, "dflash2": 0.21}  # tau over DFlash, as the papers report it
 
 
@@ -56,7 +62,7 @@ def load_sweeps(root: str) -> dict[tuple[str, float], dict]:
 def load_training(root: str) -> dict[str, dict]:
   """Per model: parameters, steps, final losses, training budget."""
   out = {}
-  for name in MODELS:
+  for name in models():
     path = os.path.join(root, name, "metrics.jsonl")
     if not os.path.exists(path):
       continue
@@ -85,7 +91,7 @@ def load_settings_sweeps(root: str) -> dict[str, list[dict]]:
   """Per model: the rows of its settings sweep (RUN_DIR/sweeps/<model>/), best first."""
   from specjax.training import settings_sweep
   out = {}
-  for name in MODELS:
+  for name in models():
     folder = os.path.join(root, "sweeps", name)
     rows = settings_sweep.collect(folder, name) if os.path.isdir(folder) else []
     if rows:
@@ -94,7 +100,7 @@ def load_settings_sweeps(root: str) -> dict[str, list[dict]]:
 
 
 def ordered(methods) -> list[str]:
-  return [m for m in ORDER if m in methods] + sorted(m for m in methods if m not in ORDER)
+  return [m for m in order() if m in methods] + sorted(m for m in methods if m not in order())
 
 
 # ----------------------------------------------------------------------------- tables

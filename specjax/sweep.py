@@ -21,7 +21,7 @@ import jax
 
 from specjax import config_base, evaluate
 from specjax import run_dir as run_dir_lib
-from specjax.drafters import registry
+from specjax import methods as methods_lib
 from specjax.errors import SpecjaxError
 
 DECODE_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -36,9 +36,8 @@ KEPT = ("tau", "tau_predicted", "acceptance_per_position", "prefix_acceptance",
 
 def trained_methods(run_dir: str) -> list[str]:
   """The methods whose drafter run_dir holds (prompt lookup always: it trains nothing)."""
-  return ["prompt_lookup"] + [m for m in registry.BUILDERS if m != "prompt_lookup" and
-                              os.path.isdir(os.path.join(run_dir_lib.model_dir(run_dir, m),
-                                                         "checkpoints"))]
+  return [m for m in methods_lib.drafting() if not methods_lib.get(m).trains or
+          os.path.isdir(os.path.join(run_dir_lib.model_dir(run_dir, m), "checkpoints"))]
 
 
 def max_drafts(method: str, run_dir: str) -> int | None:
@@ -79,10 +78,12 @@ def run(run_dir: str, kind: str, values: list[int], temperature: float, num_prom
       if kind == "drafts" and limit is not None and value > limit:
         continue
       runs.append((method, "", harness.run(method, cfg)))
-      if method == "dspark" and kind == "batch":
-        cfg.schedule = "load_aware"
-        runs.append((method, "load_aware", harness.run(method, cfg)))
-        cfg.schedule = "fixed"
+      if kind == "batch":  # the method's own load-dependent settings (DSpark's schedule)
+        for variant, settings in methods_lib.get(method).load_variants:
+          saved = {k: cfg.get(k) for k in settings}
+          cfg.update(settings)
+          runs.append((method, variant, harness.run(method, cfg)))
+          cfg.update(saved)
     ar = harness.faster_baseline(ar, cfg)
     rows.append(entry_row("ar", "", setting, {**ar, "speedup_vs_ar": 1.0}))
     for method, variant, e in runs:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.interop import zlab
@@ -122,7 +123,7 @@ def test_greedy_decoding_matches_dflash_generate(trained_export, monkeypatch):
   ref_target = AutoModelForCausalLM.from_pretrained(hfdir, dtype=torch.float32).eval()
   ref_drafter = dflash_model.DFlashDraftModel.from_pretrained(zdir, dtype=torch.float32).eval()
   target = run_dir_lib.load_target(run)
-  graphdef, params, layers = run_dir_lib.load_dflash(run, target, 4)
+  graphdef, params, layers = builtin.load_dflash(run, target, 4)
   drafter = DFlashDrafter(3, graphdef=graphdef, target_feature_layers=layers)
   tok = run_dir_lib.load_tokenizer(run)
   max_new, agree, total, committed = 24, 0, 0, []

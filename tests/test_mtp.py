@@ -13,6 +13,7 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
+from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.sampling import Sampler
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
@@ -138,7 +139,7 @@ def test_mtp_training_leaves_the_target_bit_identical(trained):
   for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   target = run_dir_lib.load_target(run)
-  graphdef, params, _ = run_dir_lib.load_mtp_heads(run, "parallel", target)
+  graphdef, params, _ = builtin.load_mtp_heads(run, "parallel", target)
   n_heads = sum(x.size for x in jax.tree.leaves(params))
   n_target = sum(x.size for x in jax.tree.leaves(target.params))
   assert n_heads == 3 * target.model_cfg.d_model ** 2 < n_target  # only heads were saved
@@ -184,4 +185,4 @@ def test_joint_training_updates_the_target_and_refuses_a_lossy_comparison(
              zip(jax.tree.leaves(params["target"]), jax.tree.leaves(target.params))]
   assert any(changed)  # the jointly trained target moved; run_dir/target did not
   with pytest.raises(SpecjaxError, match="trained jointly with the target"):
-    run_dir_lib.load_mtp_heads(str(tmp_path), "parallel", target)
+    builtin.load_mtp_heads(str(tmp_path), "parallel", target)

@@ -10,6 +10,7 @@ import ml_collections
 import torch
 from flax import nnx
 
+from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.checkpoint import Checkpoints
 from specjax.models import Transformer, TransformerConfig
@@ -87,7 +88,7 @@ def block_passes(model, run, method, target, vocab, t=9):
   from dflash import model as dflash_model
   cfg = run_dir_lib.load_config(os.path.join(run, method))
   assert cfg.method == method and list(cfg.feature_layers) == [i + 1 for i in IDS]
-  graphdef, params, layers = run_dir_lib.load_dflash(
+  graphdef, params, layers = builtin.load_dflash(
       run, types.SimpleNamespace(model_cfg=target.cfg), cfg.block_size, method)
   drafter = nnx.merge(graphdef, params)
   bs = cfg.block_size

@@ -27,6 +27,7 @@ from flax import nnx
 from specjax import run_dir as run_dir_lib
 from specjax.drafters.dspark import build_model
 from specjax.errors import SpecjaxError
+from specjax.methods.builtin import DSPARK_CALIBRATION
 from specjax.training import dflash as dflash_training
 from specjax.training.dflash import block_hidden, block_targets, target_and_anchors
 
@@ -114,7 +115,7 @@ def train_dspark(cfg):
   folder = run_dir_lib.model_dir(cfg.run_dir, cfg.method)
   report = calibrate(cfg, graphdef, target, layers, params, val)
   if jax.process_index() == 0:
-    with open(os.path.join(folder, run_dir_lib.DSPARK_CALIBRATION), "w") as f:
+    with open(os.path.join(folder, DSPARK_CALIBRATION), "w") as f:
       json.dump(report, f, indent=1)
   print(f"[{cfg.method}] survival calibration error (ECE) {report['ece_before']:.4f} -> "
         f"{report['ece_after']:.4f} after per-position temperature scaling", flush=True)

@@ -18,7 +18,6 @@ from flax import nnx
 
 from specjax import run_dir as run_dir_lib
 from specjax.drafters.mtp_sequential import shift_left
-from specjax.run_dir import HEAD_BUILDERS
 from specjax.errors import SpecjaxError
 from specjax.models.layers import causal_segment_mask
 from specjax.training.loop import TrainTask, train
@@ -40,7 +39,8 @@ def depth_weights(cfg) -> list[float]:
 
 
 def build_heads(variant: str, target_cfg, cfg, rngs):
-  return HEAD_BUILDERS[variant](cfg, target_cfg, rngs)
+  from specjax.methods.builtin import mtp_builder
+  return mtp_builder(variant)(cfg, target_cfg, rngs)
 
 
 def depth_logits(variant, heads, target, tokens, positions, segments, out):

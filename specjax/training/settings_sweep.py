@@ -22,6 +22,7 @@ import json
 import os
 
 from specjax import config_base
+from specjax import methods as methods_lib
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.training import budget as budget_lib
@@ -32,7 +33,7 @@ TOKEN_DEPTH = 4  # K at which a token drafter's teacher-forced tau is scored
 
 
 def model_name(cfg) -> str:
-  return f"mtp_{cfg.variant}" if cfg.method == "mtp" else cfg.method
+  return methods_lib.for_training(cfg).name
 
 
 def parse_value(text: str):

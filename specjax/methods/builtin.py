@@ -1,0 +1,242 @@
+"""The built-in methods: AR, prompt lookup, the draft model, MTP (parallel heads and sequential
+modules), DFlash, DSpark and DFlash 2, each as one `Method` entry: how it is built for
+decoding from a run folder, trained, and sized by the memory plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from specjax import run_dir as run_dir_lib
+from specjax.errors import SpecjaxError
+from specjax.methods import Method, register
+
+
+def proposal(cfg) -> str:
+  """How DFlash and parallel MTP propose at T > 0 (decode config `proposal`)."""
+  from specjax.drafters.base import PROPOSALS
+  value = cfg.get("proposal", "sample")
+  if value not in PROPOSALS:
+    raise SpecjaxError(f"proposal must be one of {', '.join(PROPOSALS)}, got '{value}'")
+  return value
+
+
+def _tiny(config: str, extra: str = "") -> str:
+  return f"python train.py --config=configs/{config}.py {extra}--config.run_dir={{run_dir}}"
+
+
+def _abstract(build):
+  from specjax.plan import abstract_module
+  return abstract_module(build)
+
+
+# -- loading trained drafters from run_dir/<name>/ ---------------------------------------------
+
+def load_mtp_heads(run_dir: str, variant: str, target):
+  """(heads graphdef, heads params, training config) of a trained MTP drafter."""
+  name = f"mtp_{variant}"
+  folder = run_dir_lib.require_model_dir(run_dir, name, train_command=get_command(name))
+  if not run_dir_lib.load_config(folder).freeze_target:
+    raise SpecjaxError(
+        f"{folder} was trained jointly with the target (freeze_target=False): its target is "
+        "not run_dir/target, so a lossless side-by-side with the AR baseline is impossible; "
+        "retrain with --config.freeze_target=True")
+  build = mtp_builder(variant)
+  return run_dir_lib.load_module(run_dir, name,
+                                 lambda cfg, rngs: build(cfg, target.model_cfg, rngs),
+                                 get_command(name))
+
+
+def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
+  """(graphdef, params, feature layers) of a trained or imported DFlash (or DFlash 2)
+  drafter, for a decode block size."""
+  from specjax.drafters import dflash as dflash_lib
+  if block_size < 2:
+    raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
+  build = _block_builder(method)
+  graphdef, params, cfg = run_dir_lib.load_module(
+      run_dir, method, lambda cfg, rngs: build(cfg, target.model_cfg, rngs), get_command(method))
+  if block_size > cfg.block_size:
+    print(f"[{method}] warning: decoding with block_size={block_size} > the trained "
+          f"{cfg.block_size}; positions past {cfg.block_size} were never trained", flush=True)
+  return graphdef, params, dflash_lib.feature_layers(cfg, target.model_cfg.num_layers)
+
+
+DSPARK_CALIBRATION = "calibration.json"  # per-position temperatures, written after training
+
+
+def load_dspark(run_dir: str, target, num_drafts: int, name: str = "dspark"):
+  """(graphdef, params, feature layers, calibration temperatures) of a trained DSpark."""
+  from specjax.drafters import dflash as dflash_lib
+  from specjax.drafters.dspark import build_model
+  if num_drafts < 1:
+    raise SpecjaxError(f"DSpark needs at least one draft, got {num_drafts}")
+  graphdef, params, cfg = run_dir_lib.load_module(
+      run_dir, name, lambda cfg, rngs: build_model(cfg, target.model_cfg, rngs),
+      get_command(name))
+  if num_drafts > cfg.block_size:
+    raise SpecjaxError(f"{num_drafts} drafts but {name} was trained with block_size="
+                       f"{cfg.block_size}; lower --config.block_size (DSpark drafts "
+                       "block_size - 1) or retrain")
+  temps = ()
+  path = os.path.join(run_dir, name, DSPARK_CALIBRATION)
+  if os.path.exists(path):
+    with open(path) as f:
+      temps = tuple(float(t) for t in json.load(f)["temperatures"])
+  return graphdef, params, dflash_lib.feature_layers(cfg, target.model_cfg.num_layers), temps
+
+
+def get_command(name: str) -> str:
+  from specjax import methods
+  return methods.train_command(name, "{run_dir}")
+
+
+# -- decode builders -----------------------------------------------------------------------------
+
+def _prompt_lookup(cfg, target):
+  from specjax.drafters.prompt_lookup import PromptLookupDrafter
+  return PromptLookupDrafter(cfg.num_draft_tokens, max_ngram=cfg.lookup_max_ngram), None
+
+
+def _draft(cfg, target):
+  from specjax.drafters.draft_model import DraftModelDrafter
+  draft = run_dir_lib.load_transformer(cfg.run_dir, "draft", train_command=get_command("draft"))
+  return DraftModelDrafter(cfg.num_draft_tokens, graphdef=draft.graphdef), draft.params
+
+
+def mtp_builder(variant):
+  if variant == "parallel":
+    from specjax.drafters.mtp_parallel import heads_from_config
+    return heads_from_config
+  from specjax.drafters.mtp_sequential import modules_from_config
+  return modules_from_config
+
+
+def _mtp(variant):
+  def build(cfg, target):
+    graphdef, params, train_cfg = load_mtp_heads(cfg.run_dir, variant, target)
+    if cfg.num_draft_tokens > train_cfg.num_heads:
+      raise SpecjaxError(f"num_draft_tokens={cfg.num_draft_tokens} but mtp_{variant} was "
+                         f"trained with {train_cfg.num_heads} heads; lower --config."
+                         "num_draft_tokens or retrain with more --config.num_heads")
+    if variant == "parallel":
+      from specjax.drafters.mtp_parallel import MTPParallelDrafter
+      return MTPParallelDrafter(cfg.num_draft_tokens, graphdef=graphdef,
+                                proposal=proposal(cfg)), params
+    from specjax.drafters.mtp_sequential import MTPSequentialDrafter
+    return MTPSequentialDrafter(cfg.num_draft_tokens, graphdef=graphdef,
+                                target_layers=target.model_cfg.num_layers), params
+  return build
+
+
+def _block_builder(method: str):
+  from specjax.drafters import dflash, dflash2, dspark
+  return {"dflash": dflash.build_model, "dflash2": dflash2.build_model,
+          "dspark": dspark.build_model}[method]
+
+
+def _dflash(cfg, target):
+  from specjax.drafters.dflash import DFlashDrafter
+  graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
+  return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+                       proposal=proposal(cfg)), params
+
+
+def _dflash2(cfg, target):
+  from specjax.drafters.dflash2 import DFlash2Drafter
+  graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size, "dflash2")
+  return DFlash2Drafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+                        proposal=proposal(cfg),
+                        use_selector=bool(cfg.get("selector", True))), params
+
+
+def _dspark(cfg, target):
+  from specjax import costs
+  from specjax.decoding import schedule
+  from specjax.drafters.dspark import DSparkDrafter
+  from specjax.sampling import Sampler
+  k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
+  sched, threshold = cfg.get("schedule", "fixed"), cfg.get("schedule_threshold", 0.5)
+  schedule.check_schedule(sched, threshold)
+  graphdef, params, layers, temps = load_dspark(cfg.run_dir, target, k)
+  drafter = DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers, schedule="fixed",
+                          threshold=threshold, widths=schedule.default_widths(k),
+                          temperatures=temps)
+  if sched == "load_aware":  # T(w) and T_draft at this batch size, measured once at start-up
+    kw = dict(batch=cfg.batch_size, cache_len=cfg.cache_len,
+              context_len=min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2))
+    sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
+    t = costs.verify_costs(target.graphdef, target.params, ns=[w + 1 for w in drafter.widths],
+                           sampler=sampler, **kw)
+    t_draft = costs.draft_cost(target.graphdef, target.params, drafter, params,
+                               sampler=sampler, **kw)
+    drafter = dataclasses.replace(drafter, width_seconds=tuple(t[w + 1] for w in drafter.widths),
+                                  draft_seconds=t_draft)
+  return dataclasses.replace(drafter, schedule=sched), params
+
+
+def _prepare_draft(params, mode):
+  from specjax import decode_weights
+  return decode_weights.prepare_draft(params, mode)
+
+
+# -- the memory plan -----------------------------------------------------------------------------
+
+def _plan_draft(cfg, target_cfg):
+  from specjax.models import Transformer
+  m = run_dir_lib.transformer_config(cfg.model, target_cfg.vocab_size)
+  return (_abstract(lambda r: Transformer(m, rngs=r)),
+          [(m.num_layers, m.num_kv_heads, m.head_dim, m.compute_dtype)], None)
+
+
+def _plan_mtp(variant):
+  def plan(cfg, target_cfg):
+    build = mtp_builder(cfg.get("variant", variant))
+    caches = [] if variant == "parallel" else [(cfg.num_heads, target_cfg.num_kv_heads,
+                                                target_cfg.head_dim, target_cfg.compute_dtype)]
+    return _abstract(lambda r: build(cfg, target_cfg, r)), caches, None
+  return plan
+
+
+def _plan_block(method):
+  def plan(cfg, target_cfg):
+    from specjax.drafters import dflash
+    build = _block_builder(method)
+    lc = dflash.layer_config(cfg, target_cfg)
+    tokens = int(cfg.num_anchors) * int(cfg.block_size)
+    return (_abstract(lambda r: build(cfg, target_cfg, r)),
+            [(cfg.num_layers, lc.num_kv_heads, lc.head_dim, lc.compute_dtype)], tokens)
+  return plan
+
+
+# -- trainers (imported when called: training pulls in optax, orbax and data) ----------------------
+
+def _trainer(module: str, function: str):
+  def train(cfg):
+    import importlib
+    return getattr(importlib.import_module(f"specjax.training.{module}"), function)(cfg)
+  train.__name__ = function
+  return train
+
+
+register(Method("ar"))
+register(Method("prompt_lookup", build=_prompt_lookup))
+register(Method("draft", build=_draft, trains="draft", train=_trainer("draft", "train_draft"),
+                train_command=_tiny("draft_tiny"), plan_model=_plan_draft,
+                prepare_params=_prepare_draft))
+for _variant in ("parallel", "sequential"):
+  register(Method(f"mtp_{_variant}", build=_mtp(_variant), trains="mtp",
+                  train_select=(("variant", _variant),), train=_trainer("mtp", "train_mtp"),
+                  train_command=_tiny("mtp_tiny", f"--config.variant={_variant} "),
+                  plan_model=_plan_mtp(_variant)))
+register(Method("dflash", build=_dflash, sized_by_block=True, trains="dflash",
+                train=_trainer("dflash", "train_dflash"), train_command=_tiny("dflash_tiny"),
+                plan_model=_plan_block("dflash")))
+register(Method("dspark", build=_dspark, sized_by_block=True, trains="dspark",
+                train=_trainer("dspark", "train_dspark"), train_command=_tiny("dspark_tiny"),
+                plan_model=_plan_block("dspark"),
+                load_variants=(("load_aware", {"schedule": "load_aware"}),)))
+register(Method("dflash2", build=_dflash2, sized_by_block=True, trains="dflash2",
+                train=_trainer("dflash2", "train_dflash2"), train_command=_tiny("dflash2_tiny"),
+                plan_model=_plan_block("dflash2")))
