@@ -218,3 +218,22 @@ def test_trained_dspark_through_the_harness(trained, tmp_path):
   assert report["lossless_check"] is True and report["schedule"] == "load_aware"
   assert len(report["mean_confidence_per_position"]) == 5
   assert sum(report["budget_histogram"]) > 0 and len(report["verify_width_seconds"]) >= 3
+
+
+def test_dspark_builds_the_same_backbone_as_dflash_from_its_config():
+  """mask_token_id and layer_shape (the real-scale DSpark configs set both) reach DSpark's
+  backbone as they reach DFlash's: the mask slots are the target's token embedding, not a
+  learned vector, and the layers take the configured shape."""
+  import ml_collections
+  from specjax.drafters import dflash, dspark
+  g, p = tiny_model(61, seed=0)
+  target_cfg = nnx.merge(g, p).cfg
+  cfg = ml_collections.ConfigDict(dict(num_layers=1, feature_layers=[1, 2], markov_rank=4,
+                                       mask_token_id=60, layer_shape={"mlp_dim": 24}))
+  for build in (dflash.build_model, dspark.build_model):
+    model = nnx.eval_shape(lambda: build(cfg, target_cfg, nnx.Rngs(0)))
+    assert model.mask_token_id == 60 and not hasattr(model, "mask_embedding"), build
+    assert model.layer_cfg.mlp_dim == 24, build
+  cfg.mask_token_id = 61
+  with pytest.raises(SpecjaxError, match="mask_token_id=61 outside"):
+    dspark.build_model(cfg, target_cfg, nnx.Rngs(0))

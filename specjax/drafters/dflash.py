@@ -244,10 +244,16 @@ def mask_token_id(cfg, vocab_size: int):
   return token
 
 
+def backbone_kwargs(cfg, target_cfg) -> dict:
+  """The block backbone's settings from a (training or imported) config, shared by DFlash,
+  DSpark and DFlash 2: layer shape, mask token, output scaling."""
+  return dict(layer_cfg=layer_config(cfg, target_cfg),
+              mask_token_id=mask_token_id(cfg, target_cfg.vocab_size),
+              output_multiplier=float(cfg.get("output_multiplier", 1.0)),
+              logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
+              embedding_scale=float(cfg.get("embedding_scale", 1.0)))
+
+
 def build_model(cfg, target_cfg, rngs):
   return DFlashModel(target_cfg, cfg.num_layers, len(feature_layers(cfg, target_cfg.num_layers)),
-                     rngs=rngs, layer_cfg=layer_config(cfg, target_cfg),
-                     mask_token_id=mask_token_id(cfg, target_cfg.vocab_size),
-                     output_multiplier=float(cfg.get("output_multiplier", 1.0)),
-                     logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
-                     embedding_scale=float(cfg.get("embedding_scale", 1.0)))
+                     rngs=rngs, **backbone_kwargs(cfg, target_cfg))

@@ -192,9 +192,5 @@ SELECTOR_KEYS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 
 def build_model(cfg, target_cfg, rngs):
   return DFlash2Model(
       target_cfg, cfg.num_layers, len(dflash.feature_layers(cfg, target_cfg.num_layers)),
-      rngs=rngs, layer_cfg=dflash.layer_config(cfg, target_cfg),
-      mask_token_id=dflash.mask_token_id(cfg, target_cfg.vocab_size),
-      output_multiplier=float(cfg.get("output_multiplier", 1.0)),
-      logit_softcap=float(cfg.get("final_logit_softcapping", 0.0)),
-      embedding_scale=float(cfg.get("embedding_scale", 1.0)),
+      rngs=rngs, **dflash.backbone_kwargs(cfg, target_cfg),
       **{k: int(cfg.get(k, v)) for k, v in SELECTOR_KEYS.items()})

@@ -33,8 +33,9 @@ class DSparkModel(DFlashModel):
   confidence head (w, b)."""
 
   def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int,
-               markov_rank: int, *, rngs: nnx.Rngs):
-    super().__init__(cfg, num_layers, num_features, rngs=rngs)
+               markov_rank: int, *, rngs: nnx.Rngs, **backbone):
+    """backbone: DFlashModel's keywords (layer shape, mask token, output scaling)."""
+    super().__init__(cfg, num_layers, num_features, rngs=rngs, **backbone)
     d, v, r, pd = cfg.d_model, cfg.vocab_size, markov_rank, cfg.weight_dtype
     self.markov_rank = r
     if r:
@@ -186,6 +187,7 @@ class DSparkDrafter(DFlashDrafter):
 
 def build_model(cfg, target_cfg, rngs):
   """DSpark from its training config (abstractly under nnx.eval_shape when loading)."""
-  from specjax.drafters.dflash import feature_layers
+  from specjax.drafters.dflash import backbone_kwargs, feature_layers
   return DSparkModel(target_cfg, cfg.num_layers,
-                     len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs)
+                     len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs,
+                     **backbone_kwargs(cfg, target_cfg))
