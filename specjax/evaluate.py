@@ -289,12 +289,9 @@ def budget_metrics(results, drafter) -> dict:
       "mean_budget": float((budgets * np.arange(len(budgets))).sum() / max(budgets.sum(), 1)),
       "verify_width_histogram": [int(c) for c in widths],
       "mean_verify_width": float((widths * np.arange(len(widths))).sum() / max(widths.sum(), 1)),
-      "schedule": getattr(drafter, "schedule", None),
       **{f"mean_{k}_per_position": [float(x) for x in v / rows] for k, v in stats.items()},
   }
-  if getattr(drafter, "width_seconds", ()):
-    out["verify_width_seconds"] = dict(zip(map(str, drafter.compiled_widths),
-                                           drafter.width_seconds))
+  out.update(drafter.summary())
   return out
 
 

@@ -96,6 +96,10 @@ class Drafter(abc.ABC):
     """Per-step sums over active rows that the loop accumulates (e.g. confidences)."""
     return {}
 
+  def summary(self) -> dict:
+    """The drafter's own settings worth recording beside its metrics (host side, JSON)."""
+    return {}
+
 PROPOSALS = ("sample", "argmax")
 
 

@@ -178,6 +178,12 @@ class DSparkDrafter(DFlashDrafter):
                                      self.num_draft_tokens)
     return schedule_lib.load_aware_budget(a, active_B, costs, self.draft_seconds)
 
+  def summary(self) -> dict:
+    out = {"schedule": self.schedule}
+    if self.width_seconds:
+      out["verify_width_seconds"] = dict(zip(map(str, self.compiled_widths), self.width_seconds))
+    return out
+
   def step_statistics(self, state: DSparkState, active_B) -> dict:
     w = active_B[:, None].astype(jnp.float32)
     return {"confidence": (state.conf_BxK * w).sum(0),
