@@ -89,6 +89,14 @@ def block_hidden(model, target, target_out, batch, anchors, bs: int, **kwargs):
   return model(x, block_pos, ctx_kv, training_mask(seg, anchors, bs), **kwargs)
 
 
+def block_tau(correct, valid):
+  """Greedy block acceptance under teacher forcing: committed tokens per step if these blocks
+  were verified here (1 + the leading run of correct drafts, over blocks whose draft slots
+  are all real). correct, valid: [..., drafts]."""
+  full = valid.all(-1)
+  return 1.0 + (jnp.cumprod(correct, axis=-1).sum(-1) * full).sum() / jnp.maximum(full.sum(), 1)
+
+
 def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
   bs, gamma = cfg.block_size, cfg.gamma
 
@@ -106,10 +114,7 @@ def dflash_loss(model_graphdef, target_graphdef, cfg, layers):
     w = position_weights(bs, gamma) * valid
     loss = (ce * w).sum() / jnp.maximum(w.sum(), 1e-6)
     correct = (jnp.argmax(logits, -1) == labels) & valid
-    # greedy block acceptance on these blocks: committed tokens per step if verified here
-    full = valid[:, :, 1:].all(-1)
-    prefix = jnp.cumprod(correct[:, :, 1:], axis=-1)
-    tau = 1.0 + (prefix.sum(-1) * full).sum() / jnp.maximum(full.sum(), 1)
+    tau = block_tau(correct[:, :, 1:], valid[:, :, 1:])
     acc1 = (correct[:, :, 1].sum()) / jnp.maximum(valid[:, :, 1].sum(), 1)
     return loss, {"loss": loss, "acc_k1": acc1, "block_tau": tau,
                   "weight": valid.sum().astype(jnp.float32)}

@@ -62,12 +62,7 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
     top1 = (jnp.argmax(logits[:, :, 1:], -1) == labels[:, :, 1:]) & v
     chosen = (jnp.argmax(scores, -1).reshape(b, a, bs - 1) == jnp.argmax(
         hit, -1).reshape(b, a, bs - 1)) & inside & v
-    full = v.all(-1)
-    denom = jnp.maximum(full.sum(), 1)
-
-    def tau(correct):
-      return 1.0 + (jnp.cumprod(correct, axis=-1).sum(-1) * full).sum() / denom
-
+    tau = lambda correct: dflash_training.block_tau(correct, v)
     count = jnp.maximum(v.sum(), 1)
     return loss, {"loss": loss, "kl": kl_loss, "selector_loss": selector_loss,
                   "top1": top1.sum() / count, "topk": (inside & v).sum() / count,

@@ -72,8 +72,7 @@ def dspark_loss(model_graphdef, target_graphdef, cfg, layers):
     loss = cfg.ce_weight * ce_l + cfg.tv_weight * tv_l + cfg.confidence_weight * bce_l
     v = valid.astype(jnp.float32)
     correct = (jnp.argmax(logits, -1) == labels) & valid
-    full = valid.all(-1)
-    tau = 1.0 + (jnp.cumprod(correct, axis=-1).sum(-1) * full).sum() / jnp.maximum(full.sum(), 1)
+    tau = dflash_training.block_tau(correct, valid)
     # calibration of the survival prod c against the survival of the soft labels
     conf = jax.nn.sigmoid(conf_logit)
     surv_err = jnp.abs(jnp.cumprod(conf, -1) - jnp.cumprod(accept, -1))

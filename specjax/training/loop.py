@@ -19,6 +19,7 @@ import jax
 import optax
 from flax import nnx
 
+from specjax import run_dir as run_dir_lib
 from specjax import sharding as sharding_lib
 from specjax.checkpoint import Checkpoints
 from specjax.training import budget as budget_lib
@@ -38,10 +39,6 @@ class TrainTask:
   frozen: Any = None  # inputs that are not trained (e.g. target params); placed by `train`
   summary: dict = dataclasses.field(default_factory=dict)  # extra facts for metrics.jsonl
   setup_seconds: float = 0.0  # one-time work (a feature cache) charged to a time budget
-
-
-def model_dir(cfg, name: str) -> str:
-  return os.path.join(os.path.abspath(os.path.expanduser(cfg.run_dir)), name)
 
 
 def place_batch(batch: dict, mesh, rules) -> dict:
@@ -91,7 +88,7 @@ def step_fn(loss_fn, optimizer):
 
 def train(cfg, task: TrainTask):
   """Trains `task` into run_dir/<task.name>/ and returns the final parameters."""
-  workdir = model_dir(cfg, task.name)
+  workdir = run_dir_lib.model_dir(cfg.run_dir, task.name)
   os.makedirs(workdir, exist_ok=True)
   mesh = sharding_lib.make_mesh(cfg.mesh_shape.to_dict())
   rules = sharding_lib.rules_from_config(cfg.get("logical_axis_rules"))
