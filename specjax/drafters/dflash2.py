@@ -27,6 +27,7 @@ from flax import nnx
 
 from specjax.drafters import dflash
 from specjax.drafters.base import Context, propose_from_logits
+from specjax.drafters.walk import walk
 from specjax.errors import SpecjaxError
 from specjax.models.layers import TransformerConfig, param
 
@@ -119,25 +120,14 @@ class CandidateSelector(nnx.Module):
     h = hidden_BxKxD.astype(jnp.float32) @ self.hidden_projection[...].astype(jnp.float32)
     pred_cb = self.predecessor_codebook[...].astype(jnp.float32)
     succ = self.successor_codebook[...].astype(jnp.float32)[cand]  # [B, K, N, r]
-    k = hidden_BxKxD.shape[1]
-    keys = jax.random.split(rng, k)
 
-    def step(prev_B, xs):
-      u_BxN, c_BxN, s_BxNxR, h_BxR, key = xs
-      score = u_BxN + jnp.einsum("br,bnr->bn", pred_cb[prev_B] * h_BxR, s_BxNxR)
-      if sampler.greedy:
-        index, q = jnp.argmax(score, -1), jnp.zeros_like(score)
-      else:
-        log_q = sampler.log_probs(score)
-        index, q = jax.random.categorical(key, log_q, axis=-1), jnp.exp(log_q)
-      token = jnp.take_along_axis(c_BxN, index[:, None], axis=1)[:, 0]
-      return token, (token, score, q)
+    def slot(prev_B, x):
+      u_BxN, c_BxN, s_BxNxR, h_BxR = x
+      return u_BxN + jnp.einsum("br,bnr->bn", pred_cb[prev_B] * h_BxR, s_BxNxR), c_BxN, ()
 
-    xs = (jnp.swapaxes(unary, 0, 1), jnp.swapaxes(cand, 0, 1), jnp.swapaxes(succ, 0, 1),
-          jnp.swapaxes(h, 0, 1), keys)
-    _, (tokens, scores, q) = jax.lax.scan(step, anchor_B.astype(jnp.int32), xs)
-    t = lambda a: jnp.swapaxes(a, 0, 1)
-    return t(tokens), cand, t(scores), None if sampler.greedy else t(q)
+    tokens, scores, q, _ = walk(slot, (unary, cand, succ, h), anchor_B, sampler, rng,
+                                keep_scores=True)
+    return tokens, cand, scores, q
 
 
 def scatter_q(q_BxKxN, cand_BxKxN, vocab: int):

@@ -24,6 +24,7 @@ from flax import nnx, struct
 from specjax.decoding import schedule as schedule_lib
 from specjax.drafters.base import Context, Prefill, Verified
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
+from specjax.drafters.walk import walk
 from specjax.errors import SpecjaxError
 from specjax.models.layers import TransformerConfig, param
 
@@ -78,22 +79,14 @@ def markov_walk(model: DSparkModel, base_logits_BxKxV, hidden_BxKxD, anchor_B, s
     conf = jax.nn.sigmoid(model.confidence_logit(hidden_BxKxD, model.previous_embedding(prev)))
     return drafts, q, conf
 
-  def step(prev_B, xs):
-    logits_BxV, hidden_BxD, key = xs
+  def slot(prev_B, x):
+    logits_BxV, hidden_BxD = x
     e = model.previous_embedding(prev_B)
-    logits = logits_BxV + model.markov_logits(e)
     conf = jax.nn.sigmoid(model.confidence_logit(hidden_BxD, e))
-    if sampler.greedy:
-      d, q = jnp.argmax(logits, -1).astype(jnp.int32), jnp.zeros((0,), jnp.float32)
-    else:
-      logp = sampler.log_probs(logits)
-      d, q = jax.random.categorical(key, logp, -1).astype(jnp.int32), jnp.exp(logp)
-    return d, (d, q, conf)
+    return logits_BxV + model.markov_logits(e), None, conf
 
-  xs = (jnp.swapaxes(base_logits_BxKxV, 0, 1), jnp.swapaxes(hidden_BxKxD, 0, 1), keys)
-  _, (drafts, q, conf) = jax.lax.scan(step, anchor_B, xs)
-  drafts, conf = drafts.T, conf.T
-  return drafts, None if sampler.greedy else jnp.swapaxes(q, 0, 1), conf
+  drafts, _, q, conf = walk(slot, (base_logits_BxKxV, hidden_BxKxD), anchor_B, sampler, rng)
+  return drafts, q, conf
 
 
 @struct.dataclass
