@@ -37,6 +37,15 @@ from specjax.interop.safetensors_io import SINGLE_FILE, open_tensors, write_tens
 
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 
+
+def _selector_keys(method: str) -> dict[str, int]:
+  """The dflash_config keys (with specjax's defaults) a format adds to DFlash's: DFlash 2's
+  convolution and selector shape; none for DFlash. Their tensors come with them."""
+  if method != ARCHITECTURES["DFlash2DraftModel"]:
+    return {}
+  from specjax.drafters.dflash2 import SELECTOR_KEYS
+  return SELECTOR_KEYS
+
 # How a tensor maps: "copy" as is; "linear" torch [out, in] <-> specjax [in, out];
 # "heads_in" [N*H, D] <-> [D, N, H]; "heads_out" [D, N*H] <-> [N, H, D].
 _LAYER_TENSORS = {
@@ -70,22 +79,19 @@ def name_table(num_layers: int, method: str = "dflash") -> dict[str, tuple[tuple
   for i in range(num_layers):
     for name, (path, kind) in _LAYER_TENSORS.items():
       table[f"layers.{i}.{name}"] = (("layers", i) + path, kind)
-    if method == "dflash2":
+    if _selector_keys(method):
       for conv in ("attention_conv", "mlp_conv"):
         for name, (path, kind) in _CONV_TENSORS.items():
           table[f"layers.{i}.{conv}.{name}"] = (("layers", i, conv) + path, kind)
-  if method == "dflash2":
+  if _selector_keys(method):
     for name, (path, kind) in _SELECTOR_TENSORS.items():
       table[f"candidate_selector.{name}"] = (("candidate_selector",) + path, kind)
   return table
 
 
 def _builder(method: str):
-  if method == "dflash2":
-    from specjax.drafters.dflash2 import build_model
-  else:
-    from specjax.drafters.dflash import build_model
-  return build_model
+  from specjax.methods.builtin import block_builder
+  return block_builder(method)
 
 
 def to_specjax(x: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -192,12 +198,11 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
       "imported_from": os.path.abspath(source),
       "zlab_config_json": json.dumps(zlab, sort_keys=True),  # export starts from it
   })
-  if method == "dflash2":
-    from specjax.drafters.dflash2 import SELECTOR_KEYS
-    for key in SELECTOR_KEYS:
-      if value(key) is None:
-        raise SpecjaxError(f"DFlash 2 drafter config has no dflash_config.{key}")
-      cfg[key] = int(value(key))
+  for key in _selector_keys(method):
+    if value(key) is None:
+      raise SpecjaxError(f"DFlash 2 drafter config has no dflash_config.{key}")
+    cfg[key] = int(value(key))
+  if _selector_keys(method):
     if d % cfg.conv_group_size:
       raise SpecjaxError(f"hidden_size {d} is not a multiple of conv_group_size "
                          f"{cfg.conv_group_size}")
@@ -270,11 +275,11 @@ def export_config(cfg, target_cfg, method: str = "dflash") -> dict:
   base = json.loads(cfg.get("zlab_config_json", None) or "{}")
   extra = dict(base.get("dflash_config") or {})
   extra.update(target_layer_ids=[l - 1 for l in layers], mask_token_id=int(cfg.mask_token_id))
-  if "block_size" in extra or method == "dflash2":
+  selector = _selector_keys(method)
+  if "block_size" in extra or selector:  # DFlash 2's loader needs it
     extra["block_size"] = int(cfg.block_size)
-  if method == "dflash2":
-    from specjax.drafters.dflash2 import SELECTOR_KEYS
-    extra.update({k: int(cfg.get(k, v)) for k, v in SELECTOR_KEYS.items()})
+  if selector:
+    extra.update({k: int(cfg.get(k, v)) for k, v in selector.items()})
     extra["output_multiplier"] = float(cfg.get("output_multiplier", 1.0))
     extra["final_logit_softcapping"] = float(cfg.get("final_logit_softcapping", 0.0))
   for key, value, off in (("output_multiplier", cfg.get("output_multiplier", 1.0), 1.0),

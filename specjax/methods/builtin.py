@@ -54,7 +54,7 @@ def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
   from specjax.drafters import dflash as dflash_lib
   if block_size < 2:
     raise SpecjaxError(f"block_size must be >= 2, got {block_size}")
-  build = _block_builder(method)
+  build = block_builder(method)
   graphdef, params, cfg = run_dir_lib.load_module(
       run_dir, method, lambda cfg, rngs: build(cfg, target.model_cfg, rngs), get_command(method))
   if block_size > cfg.block_size:
@@ -130,7 +130,7 @@ def _mtp(variant):
   return build
 
 
-def _block_builder(method: str):
+def block_builder(method: str):
   from specjax.drafters import dflash, dflash2, dspark
   return {"dflash": dflash.build_model, "dflash2": dflash2.build_model,
           "dspark": dspark.build_model}[method]
@@ -202,7 +202,7 @@ def _plan_mtp(variant):
 def _plan_block(method):
   def plan(cfg, target_cfg):
     from specjax.drafters import dflash
-    build = _block_builder(method)
+    build = block_builder(method)
     lc = dflash.layer_config(cfg, target_cfg)
     tokens = int(cfg.num_anchors) * int(cfg.block_size)
     return (_abstract(lambda r: build(cfg, target_cfg, r)),
