@@ -28,7 +28,7 @@ from flax import nnx
 from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.data import tokenizer as tokenizer_lib
-from specjax.training.dflash import block_hidden
+from specjax.training.block import block_hidden
 
 
 def accepted_runs(drafts_PxK, text, start: int) -> list[int]:

@@ -14,7 +14,7 @@ from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, t
                               to_lists)
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.models import default_feature_layers
-from specjax.training import dflash as dflash_training
+from specjax.training import block as dflash_training
 
 VOCAB = 61
 LAYERS = (1, 2)

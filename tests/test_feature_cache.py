@@ -18,7 +18,7 @@ from flax import nnx
 from conftest import tiny_train_config
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
-from specjax.training import budget, dflash, dflash2, draft, dspark, feature_cache, mtp
+from specjax.training import block, budget, dflash, dflash2, draft, dspark, feature_cache, mtp
 from specjax.training import regenerate
 
 LOSSES = {"dflash_tiny.py": (dflash.build_model, dflash.dflash_loss, False),
@@ -48,7 +48,7 @@ def config(name, run, corpus_dir, tfds_dir, **overrides):
 def test_cached_loss_equals_the_target_pass(name, run, template_corpus_dir, tfds_dir):
   build, make_loss, logits = LOSSES[name]
   cfg = config(name, run, template_corpus_dir, tfds_dir)
-  setup = dflash.prepare(cfg, build, target_logits=logits)
+  setup = block.prepare(cfg, build, target_logits=logits)
   batch = next(iter(setup.train_data))
   assert feature_cache.FEATURES in batch and (feature_cache.HIDDEN in batch) == logits
   # the batch's rows are shuffled: a cache read by batch position instead of row would differ
@@ -128,7 +128,7 @@ def test_cache_needs_regenerated_rows_and_a_frozen_target(run, template_corpus_d
   from specjax.training import registry
   cfg = config("dflash_tiny.py", run, template_corpus_dir, tfds_dir, label_source="data")
   with pytest.raises(SpecjaxError, match="feature_cache=True needs the regenerated rows"):
-    dflash.prepare(cfg, dflash.build_model)
+    block.prepare(cfg, dflash.build_model)
   cfg = config("mtp_tiny.py", run, template_corpus_dir, tfds_dir)  # train_on: corpus
   with pytest.raises(SpecjaxError, match="feature_cache=True needs the regenerated rows"):
     registry.train(cfg)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.drafters.dflash2 import build_model
-from specjax.training import dflash as dflash_training
+from specjax.training import block as block_training
 
 
 def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
@@ -28,12 +28,12 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
     target = nnx.merge(target_graphdef, target_params)
     model = nnx.merge(model_graphdef, params)
     a = cfg.num_anchors
-    out, anchors, real = dflash_training.target_and_anchors(target, batch, layers, rng, a)
+    out, anchors, real = block_training.target_and_anchors(target, batch, layers, rng, a)
     tokens = batch["tokens"]
     b, t = tokens.shape
-    labels, valid = dflash_training.block_targets(tokens, batch["segment_ids"], anchors, real,
+    labels, valid = block_training.block_targets(tokens, batch["segment_ids"], anchors, real,
                                                   bs)
-    hidden = dflash_training.block_hidden(model, target, out, batch, anchors, bs, block_size=bs)
+    hidden = block_training.block_hidden(model, target, out, batch, anchors, bs, block_size=bs)
     logits = model.draft_logits(target, hidden).reshape(b, a, bs, -1)  # slot 0: the anchor
     hidden = hidden.reshape(b, a, bs, -1)
     # the target's distribution for t_{a+k}: its logits at position a+k-1
@@ -42,7 +42,7 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
     p_log = jax.nn.log_softmax(p_logits, -1)
     q_log = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
     kl = (jnp.exp(p_log) * (p_log - q_log)).sum(-1)
-    w = dflash_training.position_weights(bs, gamma) * valid
+    w = block_training.position_weights(bs, gamma) * valid
     kl_loss = (kl * w).sum() / jnp.maximum(w.sum(), 1e-6)
 
     # selector: slot k's predecessor is labels[k-1] (labels[0] is the anchor token itself)
@@ -62,7 +62,7 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
     top1 = (jnp.argmax(logits[:, :, 1:], -1) == labels[:, :, 1:]) & v
     chosen = (jnp.argmax(scores, -1).reshape(b, a, bs - 1) == jnp.argmax(
         hit, -1).reshape(b, a, bs - 1)) & inside & v
-    tau = lambda correct: dflash_training.block_tau(correct, v)
+    tau = lambda correct: block_training.block_tau(correct, v)
     count = jnp.maximum(v.sum(), 1)
     return loss, {"loss": loss, "kl": kl_loss, "selector_loss": selector_loss,
                   "top1": top1.sum() / count, "topk": (inside & v).sum() / count,
@@ -73,5 +73,4 @@ def dflash2_loss(model_graphdef, target_graphdef, cfg, layers):
 
 
 def train_dflash2(cfg):
-  return dflash_training.train_dflash(cfg, build=build_model, make_loss=dflash2_loss,
-                                     target_logits=True)
+  return block_training.train_block(cfg, build_model, dflash2_loss, target_logits=True)

@@ -1,6 +1,6 @@
 """Training DSpark against the frozen target, then calibrating its confidence head.
 
-Blocks as in DFlash (`training/dflash.py`: anchors, block mask, context), aligned as in
+Blocks as in DFlash (`training/block.py`: anchors, block mask, context), aligned as in
 DeepSpec: block [t_a, MASK x (B-1)], slot j predicts t_{a+j+1}, with the Markov head reading
 the true previous token x_{j-1} = t_{a+j} (teacher forcing). Per slot:
   CE(label), TV = 0.5 ||p_draft - p_target||_1 (p_target: the target at position a+j),
@@ -28,8 +28,8 @@ from specjax import run_dir as run_dir_lib
 from specjax.drafters.dspark import build_model
 from specjax.errors import SpecjaxError
 from specjax.methods.builtin import DSPARK_CALIBRATION
-from specjax.training import dflash as dflash_training
-from specjax.training.dflash import block_hidden, block_targets, target_and_anchors
+from specjax.training import block as block_training
+from specjax.training.block import block_hidden, block_targets, target_and_anchors
 
 
 def block_outputs(model, target, target_out, batch, anchors, real, bs: int):
@@ -72,7 +72,7 @@ def dspark_loss(model_graphdef, target_graphdef, cfg, layers):
     loss = cfg.ce_weight * ce_l + cfg.tv_weight * tv_l + cfg.confidence_weight * bce_l
     v = valid.astype(jnp.float32)
     correct = (jnp.argmax(logits, -1) == labels) & valid
-    tau = dflash_training.block_tau(correct, valid)
+    tau = block_training.block_tau(correct, valid)
     # calibration of the survival prod c against the survival of the soft labels
     conf = jax.nn.sigmoid(conf_logit)
     surv_err = jnp.abs(jnp.cumprod(conf, -1) - jnp.cumprod(accept, -1))
@@ -105,11 +105,11 @@ def _check(cfg):
 
 def train_dspark(cfg):
   _check(cfg)
-  setup = dflash_training.prepare(cfg, build_model, target_logits=True)
+  setup = block_training.prepare(cfg, build_model, target_logits=True)
   print(f"[{cfg.method}] {setup.num_params / 1e6:.2f}M parameters, {cfg.num_layers} layers, "
         f"features from layers {setup.layers}, block {cfg.block_size} (every slot predicts), "
         f"Markov rank {cfg.markov_rank}, gamma {cfg.gamma}", flush=True)
-  params = dflash_training.run(cfg, setup, dspark_loss)
+  params = block_training.run(cfg, setup, dspark_loss)
   graphdef, target, layers, val = setup.graphdef, setup.target, setup.layers, setup.eval_data
   folder = run_dir_lib.model_dir(cfg.run_dir, cfg.method)
   report = calibrate(cfg, graphdef, target, layers, params, val)
