@@ -19,6 +19,7 @@ from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
 from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.eagle3 import Eagle3Drafter, Eagle3Model
 from specjax.drafters.dspark import DSparkDrafter, DSparkModel
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
@@ -72,7 +73,7 @@ def perturbed(params, seed, scale):
 
 SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
 WITH_TOP_K_TOP_P = ("draft_model", "target_itself", "mtp_sequential", "dflash_sample",
-                    "dflash2", "prompt_lookup")
+                    "dflash2", "prompt_lookup", "eagle3_draft_vocab")
 
 
 def drafters(target):
@@ -94,6 +95,11 @@ def drafters(target):
   # that vary, so the threshold schedule verifies 0, 1 or 2 drafts
   kg, kp = nnx.split(DSparkModel(cfg, 1, 2, 4, rngs=nnx.Rngs(8)), nnx.Param)
   kp = perturbed(kp, 9, 0.5)
+  # EAGLE-3 on a 6-token draft vocabulary: q is zero on the 2 tokens outside it, and each
+  # chained draft's q depends on the draft before it
+  eg, ep = nnx.split(Eagle3Model(cfg, 1, 2, rngs=nnx.Rngs(10), norm_before_fc=True,
+                                 norm_output=True), nnx.Param)
+  ep = {"model": perturbed(ep, 11, 0.3), "vocab": jnp.asarray([0, 1, 3, 4, 6, 7], jnp.int32)}
   return {
       "draft_model": (DraftModelDrafter(K, graphdef=dg), dp),
       "bad_drafter": (DraftModelDrafter(K, graphdef=bg), bp),
@@ -112,6 +118,7 @@ def drafters(target):
       "dflash2": (DFlash2Drafter(K, graphdef=tg, target_feature_layers=(1, 2)),
                   perturbed(tp, 9, 0.3)),
       "dspark": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2)), kp),
+      "eagle3_draft_vocab": (Eagle3Drafter(K, graphdef=eg, target_feature_layers=(1, 2)), ep),
       "dspark_threshold": (DSparkDrafter(K, graphdef=kg, target_feature_layers=(1, 2),
                                          schedule="threshold", threshold=0.35), kp),
   }

@@ -1,5 +1,5 @@
 """The built-in methods: AR, prompt lookup, the draft model, MTP (parallel heads and sequential
-modules), DFlash, DSpark and DFlash 2, each as one `Method` entry: how it is built for
+modules), DFlash, DSpark, DFlash 2 and EAGLE-3, each as one `Method` entry: how it is built for
 decoding from a run folder, trained, and sized by the memory plan."""
 
 from __future__ import annotations
@@ -176,6 +176,29 @@ def _dspark(cfg, target):
   return dataclasses.replace(drafter, schedule=sched), params
 
 
+def load_eagle3(run_dir: str, target):
+  """(drafter params {"model", and "vocab" with a draft vocabulary}, graphdef, feature
+  layers) of a trained or imported EAGLE-3."""
+  from specjax.drafters import eagle3
+  from specjax.training.eagle3 import load_vocab
+  graphdef, params, cfg = run_dir_lib.load_module(
+      run_dir, "eagle3", lambda cfg, rngs: eagle3.build_model(cfg, target.model_cfg, rngs),
+      get_command("eagle3"))
+  drafter_params = {"model": params}
+  vocab = load_vocab(run_dir_lib.model_dir(run_dir, "eagle3"))
+  if vocab is not None:
+    import jax.numpy as jnp
+    drafter_params["vocab"] = jnp.asarray(vocab, jnp.int32)
+  return drafter_params, graphdef, eagle3.feature_layers(cfg, target.model_cfg.num_layers)
+
+
+def _eagle3(cfg, target):
+  from specjax.drafters.eagle3 import Eagle3Drafter
+  params, graphdef, layers = load_eagle3(cfg.run_dir, target)
+  return Eagle3Drafter(cfg.num_draft_tokens, graphdef=graphdef,
+                       target_feature_layers=layers), params
+
+
 def _prepare_draft(params, mode):
   from specjax import decode_weights
   return decode_weights.prepare_draft(params, mode)
@@ -197,6 +220,15 @@ def _plan_mtp(variant):
                                                 target_cfg.head_dim, target_cfg.compute_dtype)]
     return _abstract(lambda r: build(cfg, target_cfg, r)), caches, None
   return plan
+
+
+def _plan_eagle3(cfg, target_cfg):
+  from specjax.drafters import eagle3
+  # decoding: one cache per layer; training-time test runs its layers over the sequence
+  # once per step
+  return (_abstract(lambda r: eagle3.build_model(cfg, target_cfg, r)),
+          [(int(cfg.num_layers), target_cfg.num_kv_heads, target_cfg.head_dim,
+            target_cfg.compute_dtype)], int(cfg.seq_len) * int(cfg.ttt_steps))
 
 
 def _plan_block(method):
@@ -240,3 +272,6 @@ register(Method("dspark", build=_dspark, sized_by_block=True, trains="dspark",
 register(Method("dflash2", build=_dflash2, sized_by_block=True, trains="dflash2",
                 train=_trainer("dflash2", "train_dflash2"), train_command=_tiny("dflash2_tiny"),
                 plan_model=_plan_block("dflash2")))
+register(Method("eagle3", build=_eagle3, trains="eagle3",
+                train=_trainer("eagle3", "train_eagle3"), train_command=_tiny("eagle3_tiny"),
+                plan_model=_plan_eagle3))

@@ -123,12 +123,15 @@ class Attention(nnx.Module):
   and values from other inputs (DFlash's KV injection) with the same weights layout.
   """
 
-  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, in_dim: int | None = None):
+    """in_dim: the width queries, keys and values project from (default d_model; EAGLE-3's
+    first layer reads [embedding ; hidden], 2 d_model); the output is d_model."""
     self.cfg = cfg
     d, h, k, hd, pd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.weight_dtype
-    self.wq = param(rngs, fan_in_init(0, (1, 2)), (d, h, hd), ("embed", "heads", "head_dim"), pd)
-    self.wk = param(rngs, fan_in_init(0, (1, 2)), (d, k, hd), ("embed", "kv_heads", "head_dim"), pd)
-    self.wv = param(rngs, fan_in_init(0, (1, 2)), (d, k, hd), ("embed", "kv_heads", "head_dim"), pd)
+    i = in_dim or d
+    self.wq = param(rngs, fan_in_init(0, (1, 2)), (i, h, hd), ("embed", "heads", "head_dim"), pd)
+    self.wk = param(rngs, fan_in_init(0, (1, 2)), (i, k, hd), ("embed", "kv_heads", "head_dim"), pd)
+    self.wv = param(rngs, fan_in_init(0, (1, 2)), (i, k, hd), ("embed", "kv_heads", "head_dim"), pd)
     self.wo = param(rngs, fan_in_init((0, 1), 2), (h, hd, d), ("heads", "head_dim", "embed"), pd)
     if cfg.qk_norm:
       self.q_norm = RMSNorm(hd, eps=cfg.norm_eps, param_dtype=pd, rngs=rngs)
