@@ -29,7 +29,7 @@ from specjax import sharding
 from specjax.checkpoint import save_params_only
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.errors import SpecjaxError
-from specjax.interop import hf_config
+from specjax.interop import hf_config, layer_map
 from specjax.interop.safetensors_io import open_tensors, write_tensors
 from specjax.models import TransformerConfig
 
@@ -41,48 +41,17 @@ DEFAULT_IMPORT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
 
 
 def name_table(cfg: TransformerConfig) -> dict[str, tuple[tuple, int]]:
-  """HF tensor name -> (specjax parameter path, n_in). n_in = 0: the same array; n_in > 0: an
-  HF linear weight [out, in] whose specjax parameter is [in..., out...] with the first n_in
-  axes the input (e.g. wq [D, N, H] <- q_proj [N*H, D]; wo [N, H, D] <- o_proj [D, N*H])."""
+  """HF tensor name -> (specjax parameter path, n_in) (n_in as in interop/layer_map.py)."""
   table = {"model.embed_tokens.weight": (("embedding",), 0),
            "model.norm.weight": (("final_norm", "scale"), 0)}
   for i in range(cfg.num_layers):
-    hf, sj = f"model.layers.{i}.", ("blocks", i)
-    table.update({
-        hf + "input_layernorm.weight": (sj + ("attn_norm", "scale"), 0),
-        hf + "self_attn.q_proj.weight": (sj + ("attn", "wq"), 1),
-        hf + "self_attn.k_proj.weight": (sj + ("attn", "wk"), 1),
-        hf + "self_attn.v_proj.weight": (sj + ("attn", "wv"), 1),
-        hf + "self_attn.o_proj.weight": (sj + ("attn", "wo"), 2),
-        hf + "post_attention_layernorm.weight": (sj + ("mlp_norm", "scale"), 0),
-        hf + "mlp.gate_proj.weight": (sj + ("mlp", "w_gate"), 1),
-        hf + "mlp.up_proj.weight": (sj + ("mlp", "w_up"), 1),
-        hf + "mlp.down_proj.weight": (sj + ("mlp", "w_down"), 1),
-    })
-    if cfg.qk_norm:
-      table[hf + "self_attn.q_norm.weight"] = (sj + ("attn", "q_norm", "scale"), 0)
-      table[hf + "self_attn.k_norm.weight"] = (sj + ("attn", "k_norm", "scale"), 0)
+    table.update(layer_map.decoder_layer(f"model.layers.{i}.", ("blocks", i), cfg.qk_norm))
   if not cfg.tie_embeddings:
     table["lm_head.weight"] = (("lm_head",), 1)
   return table
 
 
-def hf_shape(shape, n_in: int) -> tuple[int, ...]:
-  if n_in == 0:
-    return tuple(shape)
-  return (math.prod(shape[n_in:]), math.prod(shape[:n_in]))
-
-
-def to_specjax(x_hf: np.ndarray, shape, n_in: int) -> np.ndarray:
-  """HF layout -> specjax layout (a view: no copy)."""
-  return x_hf if n_in == 0 else x_hf.T.reshape(shape)
-
-
-def to_hf(x: np.ndarray, n_in: int) -> np.ndarray:
-  """specjax layout -> HF layout (a view: no copy)."""
-  if n_in == 0:
-    return x
-  return x.reshape(math.prod(x.shape[:n_in]), -1).T
+hf_shape, to_specjax, to_hf = layer_map.torch_shape, layer_map.to_specjax, layer_map.to_torch
 
 
 def _ignored(name: str, cfg: TransformerConfig) -> bool:

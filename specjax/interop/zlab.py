@@ -33,6 +33,7 @@ from flax import nnx
 from specjax import run_dir as run_dir_lib
 from specjax.checkpoint import Checkpoints
 from specjax.errors import SpecjaxError
+from specjax.interop import layer_map
 from specjax.interop.safetensors_io import SINGLE_FILE, open_tensors, write_tensors
 
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
@@ -46,66 +47,34 @@ def _selector_keys(method: str) -> dict[str, int]:
   from specjax.drafters.dflash2 import SELECTOR_KEYS
   return SELECTOR_KEYS
 
-# How a tensor maps: "copy" as is; "linear" torch [out, in] <-> specjax [in, out];
-# "heads_in" [N*H, D] <-> [D, N, H]; "heads_out" [D, N*H] <-> [N, H, D].
-_LAYER_TENSORS = {
-    "input_layernorm.weight": (("attn_norm", "scale"), "copy"),
-    "self_attn.q_proj.weight": (("attn", "wq"), "heads_in"),
-    "self_attn.k_proj.weight": (("attn", "wk"), "heads_in"),
-    "self_attn.v_proj.weight": (("attn", "wv"), "heads_in"),
-    "self_attn.o_proj.weight": (("attn", "wo"), "heads_out"),
-    "self_attn.q_norm.weight": (("attn", "q_norm", "scale"), "copy"),
-    "self_attn.k_norm.weight": (("attn", "k_norm", "scale"), "copy"),
-    "post_attention_layernorm.weight": (("mlp_norm", "scale"), "copy"),
-    "mlp.gate_proj.weight": (("mlp", "w_gate"), "linear"),
-    "mlp.up_proj.weight": (("mlp", "w_up"), "linear"),
-    "mlp.down_proj.weight": (("mlp", "w_down"), "linear"),
-}
-
-
-_CONV_TENSORS = {"base_kernel": (("base_kernel",), "copy"),
-                 "kernel_projection.weight": (("kernel_projection",), "linear")}
-_SELECTOR_TENSORS = {"hidden_projection.weight": (("hidden_projection",), "linear"),
-                     "predecessor_codebook": (("predecessor_codebook",), "copy"),
-                     "successor_codebook": (("successor_codebook",), "copy")}
+_CONV_TENSORS = {"base_kernel": (("base_kernel",), 0),
+                 "kernel_projection.weight": (("kernel_projection",), 1)}
+_SELECTOR_TENSORS = {"hidden_projection.weight": (("hidden_projection",), 1),
+                     "predecessor_codebook": (("predecessor_codebook",), 0),
+                     "successor_codebook": (("successor_codebook",), 0)}
 METHOD_ARCHITECTURE = {m: a for a, m in ARCHITECTURES.items()}
 
 
-def name_table(num_layers: int, method: str = "dflash") -> dict[str, tuple[tuple, str]]:
-  """z-lab tensor name -> (specjax parameter path, transform)."""
-  table = {"fc.weight": (("fc",), "linear"),
-           "hidden_norm.weight": (("fc_norm", "scale"), "copy"),
-           "norm.weight": (("final_norm", "scale"), "copy")}
+def name_table(num_layers: int, method: str = "dflash") -> dict[str, tuple[tuple, int]]:
+  """z-lab tensor name -> (specjax parameter path, n_in) (interop/layer_map.py)."""
+  table = {"fc.weight": (("fc",), 1),
+           "hidden_norm.weight": (("fc_norm", "scale"), 0),
+           "norm.weight": (("final_norm", "scale"), 0)}
   for i in range(num_layers):
-    for name, (path, kind) in _LAYER_TENSORS.items():
-      table[f"layers.{i}.{name}"] = (("layers", i) + path, kind)
+    table.update(layer_map.decoder_layer(f"layers.{i}.", ("layers", i), qk_norm=True))
     if _selector_keys(method):
       for conv in ("attention_conv", "mlp_conv"):
-        for name, (path, kind) in _CONV_TENSORS.items():
-          table[f"layers.{i}.{conv}.{name}"] = (("layers", i, conv) + path, kind)
+        for name, (path, n_in) in _CONV_TENSORS.items():
+          table[f"layers.{i}.{conv}.{name}"] = (("layers", i, conv) + path, n_in)
   if _selector_keys(method):
-    for name, (path, kind) in _SELECTOR_TENSORS.items():
-      table[f"candidate_selector.{name}"] = (("candidate_selector",) + path, kind)
+    for name, (path, n_in) in _SELECTOR_TENSORS.items():
+      table[f"candidate_selector.{name}"] = (("candidate_selector",) + path, n_in)
   return table
 
 
 def _builder(method: str):
   from specjax.methods.builtin import block_builder
   return block_builder(method)
-
-
-def to_specjax(x: np.ndarray, kind: str, shape: tuple[int, ...]) -> np.ndarray:
-  return x if kind == "copy" else x.T.reshape(shape)
-
-
-def to_zlab(x: np.ndarray, kind: str) -> np.ndarray:
-  if kind == "copy":
-    return x
-  if kind == "heads_in":  # [D, N, H] -> [N*H, D]
-    return x.reshape(x.shape[0], -1).T
-  if kind == "heads_out":  # [N, H, D] -> [D, N*H]
-    return x.reshape(-1, x.shape[-1]).T
-  return x.T
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -237,14 +206,14 @@ def import_dflash(src: str, run_dir: str):
     if extra or missing:
       raise SpecjaxError(f"{src}: tensors {missing[:3]} missing, {extra[:3]} unexpected for a "
                          f"{cfg.num_layers}-layer {cfg.method} drafter")
-    for name, (path, kind) in table.items():
+    for name, (path, n_in) in table.items():
       shape = tuple(slots[path].get_value().shape)
       x = reader.read(name)
       if x.size != int(np.prod(shape)):
         raise SpecjaxError(f"{src}: tensor '{name}' has shape {x.shape}, which does not fit "
                            f"{shape} (the config's layer shape)")
       dtypes.add(x.dtype.name)
-      values[path] = jnp.asarray(to_specjax(x.astype(np.float32), kind, shape))
+      values[path] = jnp.asarray(layer_map.to_specjax(x.astype(np.float32), shape, n_in))
   cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
   params = nnx.from_flat_state([(path, var.replace(values[tuple(path)]))
                                 for path, var in nnx.to_flat_state(abstract)])
@@ -322,14 +291,13 @@ def export_dflash(run_dir: str, out_dir: str, method: str = "dflash"):
   table = name_table(cfg.num_layers, method)
 
   def tensor(name):
-    path, kind = table[name]
-    return np.ascontiguousarray(to_zlab(np.asarray(params[path].get_value(), np.float32), kind)
-                                .astype(dtype))
+    path, n_in = table[name]
+    x = np.asarray(params[path].get_value(), np.float32)
+    return np.ascontiguousarray(layer_map.to_torch(x, n_in).astype(dtype))
 
   specs = {}
-  for name, (path, kind) in table.items():
-    shape = tuple(params[path].get_value().shape)
-    specs[name] = (to_zlab(np.empty(shape, np.uint8), kind).shape, dtype)
+  for name, (path, n_in) in table.items():
+    specs[name] = (layer_map.torch_shape(params[path].get_value().shape, n_in), dtype)
   os.makedirs(out_dir, exist_ok=True)
   write_tensors(os.path.join(out_dir, SINGLE_FILE), specs, tensor, {"format": "pt"})
   config["dtype"] = config["torch_dtype"] = {"bfloat16": "bfloat16", "float16": "float16"}.get(
