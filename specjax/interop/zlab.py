@@ -28,13 +28,11 @@ import os
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
 from specjax import run_dir as run_dir_lib
-from specjax.checkpoint import Checkpoints
 from specjax.errors import SpecjaxError
-from specjax.interop import layer_map
-from specjax.interop.safetensors_io import SINGLE_FILE, open_tensors, write_tensors
+from specjax.interop import drafter_io, layer_map
+from specjax.interop.safetensors_io import open_tensors
 
 ARCHITECTURES = {"DFlashDraftModel": "dflash", "DFlash2DraftModel": "dflash2"}
 
@@ -181,51 +179,22 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
   return cfg
 
 
-def _flat(state) -> dict:
-  return {tuple(k): v for k, v in nnx.to_flat_state(state)}
-
-
 def import_dflash(src: str, run_dir: str):
   """A z-lab DFlash (2) checkpoint -> run_dir/dflash/ or run_dir/dflash2/ (config.json + an
   Orbax checkpoint)."""
   zlab = _read_json(os.path.join(src, "config.json"))
   target_cfg = _target_cfg(run_dir)
   cfg = drafter_config(zlab, target_cfg, src)
-  build_model = _builder(cfg.method)
-  _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
-                          nnx.Param)
-  slots = _flat(abstract)
+  abstract = drafter_io.abstract_params(_builder(cfg.method), cfg, target_cfg)
   table = name_table(cfg.num_layers, cfg.method)
-  values, dtypes = {}, set()
   with open_tensors(src) as reader:
     for name in reader.names():  # codebooks saved by torch's save_pretrained
       if name.endswith("_codebook.weight") and name[:-len(".weight")] in table:
         table[name] = table.pop(name[:-len(".weight")])
-    extra = sorted(set(reader.names()) - set(table))
-    missing = sorted(set(table) - set(reader.names()))
-    if extra or missing:
-      raise SpecjaxError(f"{src}: tensors {missing[:3]} missing, {extra[:3]} unexpected for a "
-                         f"{cfg.num_layers}-layer {cfg.method} drafter")
-    for name, (path, n_in) in table.items():
-      shape = tuple(slots[path].get_value().shape)
-      x = reader.read(name)
-      if x.size != int(np.prod(shape)):
-        raise SpecjaxError(f"{src}: tensor '{name}' has shape {x.shape}, which does not fit "
-                           f"{shape} (the config's layer shape)")
-      dtypes.add(x.dtype.name)
-      values[path] = jnp.asarray(layer_map.to_specjax(x.astype(np.float32), shape, n_in))
+    params, dtypes = drafter_io.read_params(reader, src, table, abstract,
+                                            f"a {cfg.num_layers}-layer {cfg.method} drafter")
   cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
-  params = nnx.from_flat_state([(path, var.replace(values[tuple(path)]))
-                                for path, var in nnx.to_flat_state(abstract)])
-  folder = run_dir_lib.model_dir(run_dir, cfg.method)
-  os.makedirs(folder, exist_ok=True)
-  run_dir_lib.save_config(cfg, os.path.join(folder, "config.json"))
-  ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
-  try:
-    ckpt.save(0, params, {"step": jnp.int32(0)}, {"imported_from": cfg.imported_from})
-    ckpt.wait()
-  finally:
-    ckpt.close()
+  folder = drafter_io.save_imported(run_dir, cfg.method, cfg, params)
   print(f"[import-dflash] {src} -> {folder}: {cfg.num_layers} layers, block {cfg.block_size}, "
         f"target features from specjax layers {list(cfg.feature_layers)}, mask token "
         f"{cfg.mask_token_id}", flush=True)
@@ -284,27 +253,15 @@ def export_dflash(run_dir: str, out_dir: str, method: str = "dflash"):
                        "cannot hold; train it with --config.mask_token_id=<a token id>")
   target_cfg = _target_cfg(run_dir)
   config = export_config(cfg, target_cfg, method)
-  _, abstract = nnx.split(nnx.eval_shape(lambda: build_model(cfg, target_cfg, nnx.Rngs(0))),
-                          nnx.Param)
-  params = _flat(run_dir_lib.restore_params(folder, abstract))
+  abstract = drafter_io.abstract_params(build_model, cfg, target_cfg)
+  params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
-  table = name_table(cfg.num_layers, method)
-
-  def tensor(name):
-    path, n_in = table[name]
-    x = np.asarray(params[path].get_value(), np.float32)
-    return np.ascontiguousarray(layer_map.to_torch(x, n_in).astype(dtype))
-
-  specs = {}
-  for name, (path, n_in) in table.items():
-    specs[name] = (layer_map.torch_shape(params[path].get_value().shape, n_in), dtype)
-  os.makedirs(out_dir, exist_ok=True)
-  write_tensors(os.path.join(out_dir, SINGLE_FILE), specs, tensor, {"format": "pt"})
+  count = drafter_io.write_params(out_dir, name_table(cfg.num_layers, method), params, dtype)
   config["dtype"] = config["torch_dtype"] = {"bfloat16": "bfloat16", "float16": "float16"}.get(
       dtype.name, "float32")
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
-  print(f"[export-{method}] {folder} -> {out_dir}: {len(specs)} tensors ({dtype.name})",
+  print(f"[export-{method}] {folder} -> {out_dir}: {count} tensors ({dtype.name})",
         flush=True)
 
 
