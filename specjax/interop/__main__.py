@@ -6,6 +6,8 @@
   python -m specjax.interop import-dflash DRAFT_DIR RUN_DIR  # z-lab drafter -> RUN_DIR/dflash
   python -m specjax.interop export-dflash RUN_DIR OUT_DIR    #   (DFlash 2 -> RUN_DIR/dflash2)
   python -m specjax.interop export-dflash2 RUN_DIR OUT_DIR
+  python -m specjax.interop import-speculators DIR RUN_DIR  # vLLM speculators -> RUN_DIR/<method>
+  python -m specjax.interop export-speculators RUN_DIR METHOD OUT_DIR [VERIFIER_PATH]
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 
 from specjax.errors import SpecjaxError
 
-# command -> (module, function(src, dst)); each module owns one checkpoint format
+# command -> (module, function(*arguments)); each module owns one checkpoint format
 COMMANDS = {
     "import-hf": ("specjax.interop.hf", "import_hf"),
     "export-hf": ("specjax.interop.hf", "export_hf"),
@@ -23,16 +25,20 @@ COMMANDS = {
     "import-dflash": ("specjax.interop.zlab", "import_dflash"),
     "export-dflash": ("specjax.interop.zlab", "export_dflash"),
     "export-dflash2": ("specjax.interop.zlab", "export_dflash2"),
+    "import-speculators": ("specjax.interop.speculators", "import_speculators"),
+    "export-speculators": ("specjax.interop.speculators", "export_speculators"),
 }
+ARGUMENTS = {"export-speculators": (3, 4)}  # (fewest, most); others take exactly 2
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) != 3 or argv[0] not in COMMANDS:
+  low, high = ARGUMENTS.get(argv[0] if argv else "", (2, 2))
+  if not argv or argv[0] not in COMMANDS or not low <= len(argv) - 1 <= high:
     print(__doc__.strip(), file=sys.stderr)
     return 2
   module, fn = COMMANDS[argv[0]]
   try:
-    getattr(importlib.import_module(module), fn)(argv[1], argv[2])
+    getattr(importlib.import_module(module), fn)(*argv[1:])
   except SpecjaxError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     return 1

@@ -1,0 +1,285 @@
+"""vLLM's `speculators` checkpoints (what vLLM serves) <-> run_dir/<method>/.
+
+  python -m specjax.interop import-speculators DIR RUN_DIR            # needs RUN_DIR/target
+  python -m specjax.interop export-speculators RUN_DIR METHOD OUT_DIR [VERIFIER]
+
+Their checkpoint (speculators 0.9.0): `config.json` {`speculators_model_type`, `architectures`,
+`speculators_config` {`algorithm`, `proposal_methods` [{`proposal_type`: greedy,
+`speculative_tokens`, ...}], `verifier` {`name_or_path`, `architectures`}},
+`transformer_layer_config` (the draft layers' HF config), and the method's keys} and
+`model.safetensors` (HF `save_pretrained`).
+
+EAGLE-3 (`eagle3`): keys `eagle_aux_hidden_state_layer_ids` (HF `hidden_states` indices, which
+are specjax feature layers as they are), `draft_vocab_size`, `norm_before_residual`,
+`norm_before_fc`, `fc_norm`, `norm_output`, `embed_requires_grad`, `target_hidden_size`;
+tensors `fc.weight`, optional `input_norm.weight` / `fc_norm.{i}.weight`,
+`layers.{i}.*` (a decoder layer; layer 0 adds `hidden_norm.weight` and reads 2H), `norm.weight`,
+and the verifier's own `embed_tokens.weight` and `lm_head.weight` (its rows of the draft
+vocabulary), with `d2t` (target id - draft index) and `t2d` (kept tokens) when the draft
+vocabulary is smaller. specjax reads the embedding and LM head from its target, so an import
+checks that the file's copies are the target's (a drafter trained with its own embedding is
+refused) and an export writes the target's.
+
+`VERIFIER` is written as `speculators_config.verifier.name_or_path` (vLLM and speculators load
+the verifier's tensors from it); an imported drafter keeps the path it came with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from specjax import run_dir as run_dir_lib
+from specjax.errors import SpecjaxError
+from specjax.interop import drafter_io, hf_config, layer_map
+from specjax.interop.safetensors_io import open_tensors
+
+VERSION = "0.9.0"  # the speculators release this format follows
+VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d")
+
+
+def _read_json(path):
+  return hf_config.read_json(path)
+
+
+def _target(run_dir: str):
+  return run_dir_lib.load_target(run_dir)
+
+
+def eagle3_table(cfg, qk_norm: bool) -> dict[str, tuple[tuple, int]]:
+  """speculators EAGLE-3 tensor name -> (specjax parameter path, n_in)."""
+  table = {"fc.weight": (("fc",), 1), "norm.weight": (("final_norm", "scale"), 0)}
+  if cfg.get("norm_before_fc", False):
+    table["input_norm.weight"] = (("input_norm", "scale"), 0)
+  if cfg.get("fc_norm", False):
+    for i in range(len(cfg.feature_layers)):
+      table[f"fc_norm.{i}.weight"] = (("fc_norms", i, "scale"), 0)
+  for i in range(int(cfg.num_layers)):
+    table.update(layer_map.decoder_layer(f"layers.{i}.", ("layers", i), qk_norm))
+  table["layers.0.hidden_norm.weight"] = (("layers", 0, "hidden_norm", "scale"), 0)
+  return table
+
+
+def _layer_config_matches(layer: dict, target_cfg):
+  """The draft layers must have the target's shape (speculators builds them from the
+  verifier's config): a one-line error naming the first key that differs."""
+  _, cfg = hf_config.to_specjax({"vocab_size": target_cfg.vocab_size, **layer})
+  for key in ("d_model", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "rope_theta",
+              "rope_llama3_scaling", "qk_norm", "norm_eps"):
+    ours, theirs = getattr(target_cfg, key), getattr(cfg, key)
+    if ours != theirs:
+      raise SpecjaxError(f"transformer_layer_config: {key} {theirs} != the target's {ours} "
+                         "(EAGLE-3 layers have the target's shape)")
+
+
+def eagle3_config(spec: dict, target_cfg, source: str) -> ml_collections.ConfigDict:
+  """run_dir/eagle3/config.json of an imported speculators EAGLE-3."""
+  from specjax.drafters.eagle3 import default_feature_layers_eagle3
+  layer = spec.get("transformer_layer_config") or {}
+  if not layer:
+    raise SpecjaxError(f"{source}: config.json has no transformer_layer_config")
+  hidden = spec.get("target_hidden_size")
+  if hidden is not None and int(hidden) != target_cfg.d_model:
+    raise SpecjaxError(f"target_hidden_size {hidden} != the target's d_model "
+                       f"{target_cfg.d_model}")
+  _layer_config_matches(layer, target_cfg)
+  ids = spec.get("eagle_aux_hidden_state_layer_ids") or list(
+      default_feature_layers_eagle3(target_cfg.num_layers))
+  n = target_cfg.num_layers
+  if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) > n:
+    raise SpecjaxError(f"eagle_aux_hidden_state_layer_ids {ids} must be distinct, in 0..{n}")
+  if spec.get("norm_before_fc") and spec.get("fc_norm"):
+    raise SpecjaxError("norm_before_fc and fc_norm are mutually exclusive")
+  proposals = (spec.get("speculators_config") or {}).get("proposal_methods") or [{}]
+  vocab = int(spec.get("draft_vocab_size") or target_cfg.vocab_size)
+  if not 1 <= vocab <= target_cfg.vocab_size:
+    raise SpecjaxError(f"draft_vocab_size {vocab} outside 1..{target_cfg.vocab_size}")
+  return ml_collections.ConfigDict({
+      "method": "eagle3",
+      "num_layers": int(layer.get("num_hidden_layers", 1)),
+      "feature_layers": [int(i) for i in ids],
+      "ttt_steps": int(proposals[0].get("speculative_tokens", 3)),
+      "ttt_step_loss_decay": 1.0,
+      "draft_vocab_size": vocab if vocab < target_cfg.vocab_size else 0,
+      "norm_before_residual": bool(spec.get("norm_before_residual", False)),
+      "norm_before_fc": bool(spec.get("norm_before_fc", False)),
+      "fc_norm": bool(spec.get("fc_norm", False)),
+      "norm_output": bool(spec.get("norm_output", False)),
+      "imported_from": os.path.abspath(source),
+      "speculators_config_json": json.dumps(spec, sort_keys=True),  # export starts from it
+  })
+
+
+def _head_rows(target) -> np.ndarray:
+  """The target's LM head as [V, D] rows (its embedding when tied)."""
+  from flax import nnx
+  flat = dict(nnx.to_flat_state(target.params))
+  if target.model_cfg.tie_embeddings:
+    return np.asarray(flat[("embedding",)].get_value(), np.float32)
+  return np.asarray(flat[("lm_head",)].get_value(), np.float32).T
+
+
+def _embedding(target) -> np.ndarray:
+  from flax import nnx
+  return np.asarray(dict(nnx.to_flat_state(target.params))[("embedding",)].get_value(),
+                    np.float32)
+
+
+def _draft_vocab(reader, src: str, vocab_size: int, size: int):
+  """Target ids of the draft vocabulary from d2t (checked against t2d), or None (full)."""
+  if size >= vocab_size:
+    return None
+  if "d2t" not in reader:
+    raise SpecjaxError(f"{src}: draft_vocab_size {size} < {vocab_size} but no d2t tensor")
+  d2t = reader.read("d2t").astype(np.int64)
+  ids = np.arange(len(d2t)) + d2t
+  if len(d2t) != size or ids.min() < 0 or ids.max() >= vocab_size or (np.diff(ids) <= 0).any():
+    raise SpecjaxError(f"{src}: d2t does not map {size} draft tokens to distinct ascending "
+                       f"ids of the target's {vocab_size}")
+  if "t2d" in reader:
+    t2d = reader.read("t2d").astype(bool)
+    if t2d.shape != (vocab_size,) or not np.array_equal(np.flatnonzero(t2d), ids):
+      raise SpecjaxError(f"{src}: t2d and d2t name different draft vocabularies")
+  return ids
+
+
+def _same(src, name, theirs, ours):
+  ours = ours.astype(theirs.dtype)
+  if theirs.shape != ours.shape or not np.array_equal(theirs, ours):
+    raise SpecjaxError(f"{src}: {name} is not the target's (a drafter trained with its own "
+                       "embedding or LM head, or another verifier): not supported")
+
+
+def import_eagle3(src: str, run_dir: str, spec: dict):
+  from specjax.drafters import eagle3
+  from specjax.training.eagle3 import save_vocab
+  target = _target(run_dir)
+  target_cfg = target.model_cfg
+  cfg = eagle3_config(spec, target_cfg, src)
+  table = eagle3_table(cfg, target_cfg.qk_norm)
+  abstract = drafter_io.abstract_params(eagle3.build_model, cfg, target_cfg)
+  with open_tensors(src) as reader:
+    vocab = _draft_vocab(reader, src, target_cfg.vocab_size,
+                         cfg.draft_vocab_size or target_cfg.vocab_size)
+    params, dtypes = drafter_io.read_params(reader, src, table, abstract,
+                                            f"a {cfg.num_layers}-layer EAGLE-3",
+                                            extra_ok=VERIFIER_TENSORS)
+    rows = _head_rows(target)
+    if "embed_tokens.weight" in reader:
+      _same(src, "embed_tokens.weight", reader.read("embed_tokens.weight"), _embedding(target))
+    if "lm_head.weight" in reader:
+      _same(src, "lm_head.weight", reader.read("lm_head.weight"),
+            rows if vocab is None else rows[vocab])
+    cfg.export_tensors = sorted(n for n in VERIFIER_TENSORS if n in reader)
+  cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+  folder = drafter_io.save_imported(run_dir, "eagle3", cfg, params)
+  if vocab is not None:
+    save_vocab(folder, vocab.tolist())
+  print(f"[import-speculators] {src} -> {folder}: EAGLE-3, {cfg.num_layers} layer(s), target "
+        f"features from layers {list(cfg.feature_layers)}, draft vocabulary "
+        f"{len(vocab) if vocab is not None else target_cfg.vocab_size}", flush=True)
+
+
+def _transformer_layer_config(run_dir: str, target, num_layers: int) -> dict:
+  """The target's HF config (as imported, else written from its shape) with the drafter's
+  depth: speculators builds the draft layers from it."""
+  kept = os.path.join(run_dir_lib.model_dir(run_dir, "target"), "hf", "config.json")
+  if os.path.exists(kept):
+    layer = _read_json(kept)
+  else:
+    layer = hf_config.from_specjax(target.model_cfg, run_dir_lib.load_special_ids(run_dir),
+                                   int(target.config.get("seq_len", 0) or 4096))
+  layer = dict(layer, num_hidden_layers=int(num_layers))
+  layer.setdefault("model_type", hf_config.architecture(layer))
+  return layer
+
+
+def eagle3_export_config(cfg, run_dir, target, verifier: str | None, dtype: str) -> dict:
+  if cfg.get("speculators_config_json"):
+    spec = json.loads(cfg.speculators_config_json)
+    if verifier is not None:
+      spec["speculators_config"]["verifier"]["name_or_path"] = verifier
+    return spec
+  from specjax.drafters.eagle3 import feature_layers
+  layer = _transformer_layer_config(run_dir, target, cfg.num_layers)
+  vocab = int(cfg.get("draft_vocab_size", 0)) or target.model_cfg.vocab_size
+  return {
+      "architectures": ["Eagle3DraftModel"],
+      "speculators_model_type": "eagle3",
+      "speculators_version": VERSION,
+      "draft_vocab_size": min(vocab, target.model_cfg.vocab_size),
+      "eagle_aux_hidden_state_layer_ids": list(feature_layers(cfg, target.model_cfg.num_layers)),
+      "embed_requires_grad": False,
+      "norm_before_residual": bool(cfg.get("norm_before_residual", True)),
+      "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
+      "fc_norm": bool(cfg.get("fc_norm", False)),
+      "norm_output": bool(cfg.get("norm_output", False)),
+      "target_hidden_size": None,
+      "tie_word_embeddings": False,
+      "dtype": dtype,
+      "speculators_config": {
+          "algorithm": "eagle3",
+          "default_proposal_method": "greedy",
+          "proposal_methods": [{"proposal_type": "greedy", "accept_tolerance": 0.0,
+                                "speculative_tokens": int(cfg.get("ttt_steps", 3)),
+                                "verifier_accept_k": 1}],
+          "verifier": {"name_or_path": verifier, "architectures": layer.get("architectures")},
+      },
+      "transformer_layer_config": layer,
+  }
+
+
+def export_eagle3(run_dir: str, out_dir: str, verifier: str | None = None):
+  from specjax.drafters import eagle3
+  from specjax.training.eagle3 import load_vocab
+  folder = run_dir_lib.require_model_dir(run_dir, "eagle3")
+  cfg = run_dir_lib.load_config(folder)
+  target = _target(run_dir)
+  abstract = drafter_io.abstract_params(eagle3.build_model, cfg, target.model_cfg)
+  params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
+  dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
+  vocab = load_vocab(folder)
+  rows = _head_rows(target)
+  extra = {"embed_tokens.weight": _embedding(target).astype(dtype),
+           "lm_head.weight": (rows if vocab is None else rows[vocab]).astype(dtype)}
+  if vocab is not None:
+    ids = np.asarray(vocab, np.int64)
+    t2d = np.zeros(target.model_cfg.vocab_size, bool)
+    t2d[ids] = True
+    extra.update(d2t=ids - np.arange(len(ids)), t2d=t2d)
+  keep = cfg.get("export_tensors", None)
+  if keep is not None:  # an imported drafter: the verifier tensors it came with
+    extra = {k: v for k, v in extra.items() if k in keep}
+  config = eagle3_export_config(cfg, run_dir, target, verifier, dtype.name)
+  count = drafter_io.write_params(out_dir, eagle3_table(cfg, target.model_cfg.qk_norm), params,
+                                  dtype, extra)
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+  print(f"[export-speculators] {folder} -> {out_dir}: EAGLE-3, {count} tensors ({dtype.name}), "
+        f"verifier {config['speculators_config']['verifier']['name_or_path']}", flush=True)
+
+
+IMPORTERS = {"eagle3": import_eagle3}
+EXPORTERS = {"eagle3": export_eagle3}
+
+
+def import_speculators(src: str, run_dir: str):
+  """A speculators checkpoint folder -> run_dir/<method>/."""
+  spec = _read_json(os.path.join(src, "config.json"))
+  kind = spec.get("speculators_model_type")
+  if kind not in IMPORTERS:
+    raise SpecjaxError(f"{src}: speculators_model_type '{kind}' cannot be imported; supported: "
+                       f"{', '.join(IMPORTERS)}")
+  IMPORTERS[kind](src, run_dir, spec)
+
+
+def export_speculators(run_dir: str, method: str, out_dir: str, verifier: str | None = None):
+  """run_dir/<method>/ -> a speculators checkpoint in out_dir."""
+  if method not in EXPORTERS:
+    raise SpecjaxError(f"method '{method}' cannot be exported to the speculators format; "
+                       f"supported: {', '.join(EXPORTERS)}")
+  EXPORTERS[method](run_dir, out_dir, verifier)

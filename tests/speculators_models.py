@@ -1,0 +1,64 @@
+"""speculators (vLLM's drafter library, the test peer) EAGLE-3 drafters on tiny random Hugging
+Face verifiers, and their logits per training-time-test step. Shared by
+tests/test_interop_speculators.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def eagle3_drafter(verifier_dir: str, *, layers=2, ids=(1, 2, 3), draft_vocab=None, seed=0,
+                   norm_before_fc=True, fc_norm=False, norm_output=True,
+                   norm_before_residual=True, ttt_steps=3):
+  """A random speculators Eagle3DraftModel for the verifier in `verifier_dir` (eager attention,
+  norms moved away from 1), its verifier tensors loaded; draft_vocab: sorted target ids."""
+  import torch
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.eagle3 import Eagle3SpeculatorConfig
+  from speculators.models.eagle3.core import Eagle3DraftModel
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+  from transformers import AutoConfig
+  layer = AutoConfig.from_pretrained(verifier_dir)
+  layer.num_hidden_layers = layers
+  layer._attn_implementation = "eager"
+  vocab = layer.vocab_size if draft_vocab is None else len(draft_vocab)
+  cfg = Eagle3SpeculatorConfig(
+      transformer_layer_config=layer, draft_vocab_size=vocab,
+      norm_before_residual=norm_before_residual, norm_before_fc=norm_before_fc,
+      fc_norm=fc_norm, norm_output=norm_output, eagle_aux_hidden_state_layer_ids=list(ids),
+      speculators_config=SpeculatorsConfig(
+          algorithm="eagle3", default_proposal_method="greedy",
+          proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=ttt_steps)],
+          verifier=VerifierConfig.from_pretrained(verifier_dir)))
+  torch.manual_seed(seed)
+  model = Eagle3DraftModel(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if p.requires_grad:
+        p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else
+                0.2 * torch.randn_like(p))
+  if draft_vocab is not None:
+    ids_t = torch.as_tensor(np.asarray(draft_vocab), dtype=torch.long)
+    t2d = torch.zeros(layer.vocab_size, dtype=torch.bool)
+    t2d[ids_t] = True
+    model.load_vocab_mappings(t2d, ids_t - torch.arange(len(ids_t)))
+  model.load_verifier_weights()
+  return model.eval()
+
+
+def ttt_logits(model, aux_1xTxF, tokens_1xT, steps: int):
+  """Their logits per TTT step, [T - 1, Vd] each, for a sequence whose aux hidden states (the
+  verifier's, concatenated) are `aux`: index i reads token i + 1 and the features at i."""
+  import torch
+  captured = []
+  hook = model.lm_head.register_forward_hook(lambda m, i, o: captured.append(o.detach()))
+  try:
+    t = tokens_1xT.shape[1]
+    with torch.no_grad():
+      model(hidden_states=torch.as_tensor(np.asarray(aux_1xTxF))[:, :-1],
+            input_ids=torch.as_tensor(np.asarray(tokens_1xT))[:, 1:],
+            document_ids=torch.zeros(1, t - 1, dtype=torch.long),
+            position_ids=torch.arange(1, t)[None], ttt_steps=steps)
+  finally:
+    hook.remove()
+  return [c[0].numpy() for c in captured]

@@ -1,0 +1,218 @@
+"""vLLM's speculators format: imported EAGLE-3 drafters compute the reference's logits at every
+training-time-test step, import -> export is bit-exact, a drafter trained here loads in
+speculators with the same logits, and specjax's chain decoding accepts what a plain reference
+loop around speculators' model accepts."""
+
+import json
+import os
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import tiny_train_config
+from specjax import run_dir as run_dir_lib
+from specjax.errors import SpecjaxError
+from specjax.interop import hf, speculators
+from specjax.interop.safetensors_io import open_tensors
+from specjax.methods import builtin
+from specjax.training import eagle3 as eagle3_training
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("speculators")
+
+from hf_models import save_checkpoint  # noqa: E402
+from speculators_models import eagle3_drafter, ttt_logits  # noqa: E402
+
+IDS = (1, 2, 3)
+VOCAB = list(range(0, 320, 2))  # a draft vocabulary of every other token
+STEPS = 3
+
+
+def ours_ttt(run, tokens, features):
+  import jax
+  from flax import nnx
+  target = run_dir_lib.load_target(run)
+  dp, graphdef, _ = builtin.load_eagle3(run, target)
+  one = jax.devices()[0]  # an imported target is laid out over the 8 test devices
+  dp, params = jax.device_put(dp, one), jax.device_put(target.params, one)
+  t = tokens.shape[1]
+  logits = eagle3_training.ttt_logits(
+      nnx.merge(graphdef, dp["model"]), nnx.merge(target.graphdef, params),
+      tuple(jnp.asarray(f) for f in features), jnp.asarray(tokens), jnp.arange(t)[None],
+      jnp.ones((1, t), jnp.int32), STEPS, dp.get("vocab"))
+  return [np.asarray(x[0, :t - 1]) for x in logits]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def imported(request, tmp_path_factory):
+  """(their drafter, its folder, a run dir with the verifier imported as target and the drafter
+  imported, the verifier's HF model)."""
+  root = tmp_path_factory.mktemp(f"speculators_{request.param}")
+  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
+                                     layers=4, vocab=320)
+  hf.import_hf(folder, str(root / "run"))
+  model = eagle3_drafter(folder, layers=2, ids=IDS, draft_vocab=VOCAB)
+  model.save_pretrained(str(root / "draft"))
+  speculators.import_speculators(str(root / "draft"), str(root / "run"))
+  return model, str(root / "draft"), str(root / "run"), verifier
+
+
+def test_imported_eagle3_logits_equal_reference_at_every_ttt_step(imported):
+  model, _, run, verifier = imported
+  tokens = np.random.default_rng(0).integers(2, 300, (1, 24))
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  aux = torch.cat([hs[i] for i in IDS], -1).numpy()
+  ref = ttt_logits(model, aux, tokens, STEPS)
+  ours = ours_ttt(run, tokens, [hs[i].numpy() for i in IDS])
+  for k in range(STEPS):
+    diff = float(np.abs(ours[k] - ref[k]).max())
+    print(f"EAGLE-3 TTT step {k}: max logit difference vs speculators {diff:.2e}")
+    assert diff < 1e-4, (k, diff)
+    assert (ours[k].argmax(-1) == ref[k].argmax(-1)).all()
+  assert eagle3_training.load_vocab(os.path.join(run, "eagle3")) == VOCAB
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_import_then_export_is_bit_exact(imported, tmp_path, dtype):
+  model, src, run, _ = imported
+  if dtype == "bfloat16":  # what speculators' trainer saves
+    src = str(tmp_path / "bf16")
+    model.to(torch.bfloat16).save_pretrained(src)
+    model.to(torch.float32)
+    run2 = str(tmp_path / "run")
+    shutil.copytree(os.path.join(run, "target"), os.path.join(run2, "target"))
+    speculators.import_speculators(src, run2)
+    run = run2
+  out = str(tmp_path / "out")
+  speculators.export_speculators(run, "eagle3", out)
+  with open_tensors(src) as a, open_tensors(out) as b:
+    assert sorted(a.names()) == sorted(b.names())
+    for name in a.names():
+      x, y = a.read(name), b.read(name)
+      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
+  assert json.load(open(os.path.join(src, "config.json"))) == \
+      json.load(open(os.path.join(out, "config.json")))
+
+
+def test_import_errors_are_one_line(imported, tmp_path):
+  _, src, run, _ = imported
+  config = json.load(open(os.path.join(src, "config.json")))
+  target_cfg = run_dir_lib.load_target(run).model_cfg
+  layer = config["transformer_layer_config"]
+  for change, words in [({"eagle_aux_hidden_state_layer_ids": [1, 1, 2]}, "distinct"),
+                        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, "distinct, in 0..4"),
+                        ({"transformer_layer_config": {**layer, "intermediate_size": 96}},
+                         "mlp_dim"),
+                        ({"target_hidden_size": 64}, "target_hidden_size"),
+                        ({"norm_before_fc": True, "fc_norm": True}, "mutually exclusive")]:
+    with pytest.raises(SpecjaxError, match=words):
+      speculators.eagle3_config({**config, **change}, target_cfg, src)
+  bad = tmp_path / "bad"
+  shutil.copytree(src, bad)
+  json.dump({**config, "speculators_model_type": "peagle"}, open(bad / "config.json", "w"))
+  with pytest.raises(SpecjaxError, match="'peagle' cannot be imported"):
+    speculators.import_speculators(str(bad), run)
+  with pytest.raises(SpecjaxError, match="cannot be exported"):
+    speculators.export_speculators(run, "draft", str(tmp_path / "x"))
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  """An EAGLE-3 trained here on the tiny target (a 256-token draft vocabulary), exported to
+  the speculators format with the tiny target exported as its HF verifier."""
+  from specjax.training import registry
+  root = tmp_path_factory.mktemp("speculators_trained")
+  run = root / "run"
+  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+  registry.train(tiny_train_config("eagle3_tiny.py", run, template_corpus_dir, tfds_dir,
+                                   num_steps=60, log_every=20, eval_every=60, save_every=60,
+                                   learning_rate=1e-2, draft_vocab_size=256, vocab_batches=8))
+  verifier = hf.export_hf(str(run), str(root / "verifier"))
+  out = str(root / "speculators")
+  speculators.export_speculators(str(run), "eagle3", out, verifier)
+  from speculators.models.eagle3 import Eagle3SpeculatorConfig
+  from speculators.models.eagle3.core import Eagle3DraftModel
+  cfg = Eagle3SpeculatorConfig.from_pretrained(out)
+  cfg.transformer_layer_config._attn_implementation = "eager"
+  model = Eagle3DraftModel.from_pretrained(out, config=cfg).eval()
+  return str(run), verifier, model
+
+
+def test_trained_eagle3_exported_loads_in_speculators_with_the_same_logits(trained):
+  from transformers import AutoModelForCausalLM
+  run, verifier_dir, model = trained
+  cfg = run_dir_lib.load_config(os.path.join(run, "eagle3"))
+  ids = tuple(cfg.feature_layers) or builtin.load_eagle3(run, run_dir_lib.load_target(run))[2]
+  assert model.config.eagle_aux_hidden_state_layer_ids == list(ids)
+  assert model.draft_vocab_size == 256
+  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+  vocab = run_dir_lib.load_target(run).model_cfg.vocab_size
+  tokens = np.random.default_rng(1).integers(3, vocab, (1, 32))
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref = ttt_logits(model, torch.cat([hs[i] for i in ids], -1).numpy(), tokens, STEPS)
+  ours = ours_ttt(run, tokens, [hs[i].numpy() for i in ids])
+  for k in range(STEPS):
+    diff = float(np.abs(ours[k] - ref[k]).max())
+    print(f"trained EAGLE-3 TTT step {k}: max logit difference in speculators {diff:.2e}")
+    assert diff < 1e-4, (k, diff)
+
+
+def reference_decode(model, verifier, ids, prompt, k: int, max_new: int):
+  """Greedy chain drafting around speculators' model with no cache: each draft from their
+  TTT logits over the whole committed sequence plus the drafts so far, verified by the HF
+  verifier's argmax. Returns (generated tokens, drafts accepted per step: by verification,
+  as specjax's accept_counts records them, even where max_new ends the row first)."""
+  def hidden(seq):
+    with torch.no_grad():
+      out = verifier(torch.as_tensor([seq]), output_hidden_states=True)
+    return out.logits[0].numpy(), torch.cat([out.hidden_states[i] for i in ids], -1).numpy()
+
+  vocab = np.arange(model.draft_vocab_size) + model.d2t.numpy()
+  logits, _ = hidden(prompt)
+  seq = list(prompt) + [int(logits[-1].argmax())]
+  generated, accepted = [seq[-1]], []
+  while len(generated) < max_new:
+    end, drafts = len(seq) - 1, []
+    for j in range(k):
+      cur = seq + drafts
+      _, aux = hidden(cur)
+      step = ttt_logits(model, aux, np.asarray([cur]), j + 1)[j]
+      drafts.append(int(vocab[step[end - 1].argmax()]))
+    logits, _ = hidden(seq + drafts)
+    target = logits[end:].argmax(-1)
+    m = 0
+    while m < k and drafts[m] == target[m]:
+      m += 1
+    new = (drafts[:m] + [int(target[m])])[:max_new - len(generated)]
+    accepted.append(m)
+    generated += new
+    seq += new
+  return generated, accepted
+
+
+def test_chain_decoding_accepts_what_a_reference_loop_around_speculators_accepts(trained):
+  from transformers import AutoModelForCausalLM
+  from decoding_helpers import run_spec
+  from specjax.drafters.eagle3 import Eagle3Drafter
+  run, verifier_dir, model = trained
+  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+  target = run_dir_lib.load_target(run)
+  dp, graphdef, ids = builtin.load_eagle3(run, target)
+  k, max_new = 3, 20
+  drafter = Eagle3Drafter(k, graphdef=graphdef, target_feature_layers=ids)
+  rng = np.random.default_rng(2)
+  accepted_any = 0
+  for _ in range(3):
+    prompt = rng.integers(3, target.model_cfg.vocab_size, 10).tolist()
+    tokens, accepted = reference_decode(model, verifier, ids, prompt, k, max_new)
+    r = run_spec(target.graphdef, target.params, drafter, dp, [prompt], max_new, eos=-1,
+                 cache_len=64)
+    assert np.asarray(r.tokens_BxN)[0, :max_new].tolist() == tokens
+    assert np.asarray(r.accept_counts).tolist() == np.bincount(accepted, minlength=k + 1).tolist()
+    accepted_any += sum(accepted)
+  assert accepted_any > 0  # a trained drafter: the comparison covers acceptances
+
