@@ -3,11 +3,11 @@ wall-clock budget, on the same regenerated text (the target's own continuations)
 
   python train.py --config=configs/reference.py:dflash --config.run_dir=runs/reference
 
-One of: draft, mtp_parallel, mtp_sequential, dflash, dspark, dflash2. Each starts from its
+One of: draft, mtp_parallel, mtp_sequential, dflash, dspark, dflash2, eagle3. Each starts from its
 tiny config (configs/*_tiny.py) with the settings below and its swept ones (SWEPT);
 scripts/reference.sh trains them all. The draft model (KL to the target), MTP (the target's
-greedy token) and the three block drafters all train on the regenerated continuations in
-runs/reference/regenerated/.
+greedy token), EAGLE-3 (KL to the target at each training-time-test step) and the three block
+drafters all train on the regenerated continuations in runs/reference/regenerated/.
 """
 
 import os
@@ -34,6 +34,9 @@ SWEPT = {
     "dflash": {"learning_rate": 2e-3, "num_anchors": 4, "feature_cache": True},
     "dspark": {"learning_rate": 2e-3, "num_anchors": 4, "feature_cache": True},
     "dflash2": {"learning_rate": 2e-3, "num_anchors": 4, "feature_cache": True},
+    # not swept yet: configs/eagle3_tiny.py's rate, and the feature cache as its token-level
+    # peers use it (its step, like parallel MTP's, is mostly the target's pass)
+    "eagle3": {"learning_rate": 3e-3, "feature_cache": True},
 }
 METHODS = tuple(SWEPT)  # the experiment's drafters
 

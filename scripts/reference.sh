@@ -8,10 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/reference}
-METHODS=ar,prompt_lookup,draft,mtp_parallel,mtp_sequential,dflash,dspark,dflash2
+METHODS=ar,prompt_lookup,draft,mtp_parallel,mtp_sequential,eagle3,dflash,dspark,dflash2
 
 python train.py --config=configs/target_reference.py --config.run_dir="$RUN"
-for m in draft mtp_parallel mtp_sequential dflash dspark dflash2; do
+for m in draft mtp_parallel mtp_sequential eagle3 dflash dspark dflash2; do
   python train.py --config=configs/reference.py:$m --config.run_dir="$RUN"
 done
 

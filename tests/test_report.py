@@ -152,6 +152,13 @@ def test_claim_verdicts_follow_the_figures():
   verdict, why = report.claim_gain(tables, "dspark")
   assert verdict == "does not hold here" and "T=0: +" in why and "T=1: -" in why
 
+  further = {0.0: _table(dflash=[0.9, 0.8, 0.7], eagle3=[0.6, 0.4, 0.2]),
+             1.0: _table(dflash=[0.5, 0.4, 0.3], eagle3=[0.6, 0.5, 0.4])}
+  verdict, why = report.claim_dflash_over_eagle3(further)
+  assert verdict == "does not hold here" and "T=0: 1." in why and "T=1: 0." in why
+  assert report.claim_dflash_over_eagle3({0.0: further[0.0]})[0] == "holds"
+  assert report.claim_dflash_over_eagle3({})[0] == "no data"
+
   def batch_sweep(budgets, load_aware_speedup):
     rows = []
     for b, budget_b, s in zip((1, 8), budgets, load_aware_speedup):
