@@ -62,3 +62,55 @@ def ttt_logits(model, aux_1xTxF, tokens_1xT, steps: int):
   finally:
     hook.remove()
   return [c[0].numpy() for c in captured]
+
+
+def dflash_drafter(verifier_dir: str, *, layers=2, ids=(1, 2, 3), block_size=8, mask_token_id=0,
+                   seed=0):
+  """A random speculators DFlashDraftModel (eager attention, norms moved away from 1), its
+  verifier tensors loaded."""
+  import torch
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.dflash import DFlashSpeculatorConfig
+  from speculators.models.dflash.core import DFlashDraftModel
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+  from transformers import AutoConfig
+  layer = AutoConfig.from_pretrained(verifier_dir)
+  layer.num_hidden_layers = layers
+  layer._attn_implementation = "eager"
+  cfg = DFlashSpeculatorConfig(
+      transformer_layer_config=layer, draft_vocab_size=layer.vocab_size, block_size=block_size,
+      aux_hidden_state_layer_ids=list(ids), mask_token_id=mask_token_id,
+      speculators_config=SpeculatorsConfig(
+          algorithm="dflash", default_proposal_method="greedy",
+          proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block_size - 1)],
+          verifier=VerifierConfig.from_pretrained(verifier_dir)))
+  torch.manual_seed(seed)
+  model = DFlashDraftModel(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if p.requires_grad:
+        p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else
+                0.2 * torch.randn_like(p))
+  model.load_verifier_weights()
+  return model.eval()
+
+
+def dflash_block_logits(model, aux_1xTxF, pending: int):
+  """Their logits for the mask slots 1..B-1 of the block [pending, MASK x (B-1)] at positions
+  t..t+B-1 after a t-token context whose aux hidden states are `aux` (full attention: the
+  block sees the whole context and itself). [B - 1, V]."""
+  import torch
+  bs = model.block_size
+  with torch.no_grad():
+    aux = torch.as_tensor(np.asarray(aux_1xTxF))
+    t = aux.shape[1]
+    ctx = model.hidden_norm(model.fc(aux))
+    ids = torch.full((1, bs), model.mask_token_id, dtype=torch.long)
+    ids[0, 0] = pending
+    x = model.embed_tokens(ids)
+    pos = torch.arange(t + bs)[None]
+    emb = model.rotary_emb(x, pos)
+    for layer in model.layers:
+      x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos,
+                position_embeddings=emb)
+    return model.lm_head(model.norm(x))[0, 1:].numpy()

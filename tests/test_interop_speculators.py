@@ -216,3 +216,119 @@ def test_chain_decoding_accepts_what_a_reference_loop_around_speculators_accepts
     accepted_any += sum(accepted)
   assert accepted_any > 0  # a trained drafter: the comparison covers acceptances
 
+
+
+# -- DFlash ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def imported_dflash(request, tmp_path_factory):
+  from speculators_models import dflash_drafter
+  root = tmp_path_factory.mktemp(f"speculators_dflash_{request.param}")
+  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
+                                     layers=4, vocab=320)
+  hf.import_hf(folder, str(root / "run"))
+  model = dflash_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319)
+  model.save_pretrained(str(root / "draft"))
+  speculators.import_speculators(str(root / "draft"), str(root / "run"))
+  return model, str(root / "draft"), str(root / "run"), verifier
+
+
+def test_imported_dflash_block_logits_equal_reference(imported_dflash):
+  import jax
+  from flax import nnx
+  from speculators_models import dflash_block_logits
+  model, _, run, verifier = imported_dflash
+  t, pending = 11, 17
+  tokens = np.random.default_rng(3).integers(2, 300, (1, t))
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref = dflash_block_logits(model, torch.cat([hs[i] for i in IDS], -1).numpy(), pending)
+  target = run_dir_lib.load_target(run)
+  graphdef, params, layers = builtin.load_dflash(run, target, 6)
+  assert tuple(layers) == IDS
+  one = jax.devices()[0]
+  drafter = nnx.merge(graphdef, jax.device_put(params, one))
+  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
+  positions = jnp.arange(t)[None]
+  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in IDS)),
+                           positions)
+  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 6)
+  hidden = drafter(x, jnp.arange(t, t + 6)[None], ctx, jnp.ones((1, 6, t + 6), bool))[:, 1:]
+  ours = np.asarray(drafter.draft_logits(tgt, hidden))[0]
+  diff = float(np.abs(ours - ref).max())
+  print(f"DFlash block logits: max difference vs speculators {diff:.2e}")
+  assert diff < 1e-4, diff
+  assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_dflash_import_then_export_is_bit_exact(imported_dflash, tmp_path):
+  _, src, run, _ = imported_dflash
+  out = str(tmp_path / "out")
+  speculators.export_speculators(run, "dflash", out)
+  with open_tensors(src) as a, open_tensors(out) as b:
+    assert sorted(a.names()) == sorted(b.names())
+    for name in a.names():
+      x, y = a.read(name), b.read(name)
+      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
+  assert json.load(open(os.path.join(src, "config.json"))) == \
+      json.load(open(os.path.join(out, "config.json")))
+
+
+def test_dflash_import_errors_are_one_line(imported_dflash, tmp_path):
+  _, src, run, _ = imported_dflash
+  config = json.load(open(os.path.join(src, "config.json")))
+  bad = tmp_path / "bad"
+  shutil.copytree(src, bad)
+  for change, words in [({"sample_from_anchor": True}, "sample_from_anchor"),
+                        ({"draft_vocab_size": 100}, "reduced draft vocabulary"),
+                        ({"mask_token_id": None}, "mask_token_id"),
+                        ({"aux_hidden_state_layer_ids": [0, 5]}, "distinct, in 0..4")]:
+    json.dump({**config, **change}, open(bad / "config.json", "w"))
+    with pytest.raises(SpecjaxError, match=words):
+      speculators.import_speculators(str(bad), run)  # refused before anything is written
+
+
+@pytest.fixture(scope="module")
+def trained_dflash(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  """A DFlash trained here (mask token, block 8), exported with its target as the verifier and
+  loaded by speculators."""
+  from conftest import train_block_drafter
+  from speculators.models.dflash import DFlashSpeculatorConfig
+  from speculators.models.dflash.core import DFlashDraftModel
+  root = tmp_path_factory.mktemp("speculators_dflash_trained")
+  run = train_block_drafter(tiny_run, "dflash_tiny.py", str(root / "run"), template_corpus_dir,
+                            tfds_dir, regen_sequences=64, num_steps=20, log_every=10,
+                            eval_every=20, save_every=20, block_size=8, mask_token_id=300)
+  verifier = hf.export_hf(run, str(root / "verifier"))
+  out = str(root / "speculators")
+  speculators.export_speculators(run, "dflash", out, verifier)
+  cfg = DFlashSpeculatorConfig.from_pretrained(out)
+  cfg.transformer_layer_config._attn_implementation = "eager"
+  return run, verifier, DFlashDraftModel.from_pretrained(out, config=cfg).eval()
+
+
+def test_trained_dflash_exported_loads_in_speculators_with_the_same_logits(trained_dflash):
+  from flax import nnx
+  from transformers import AutoModelForCausalLM
+  from speculators_models import dflash_block_logits
+  run, verifier_dir, model = trained_dflash
+  target = run_dir_lib.load_target(run)
+  graphdef, params, layers = builtin.load_dflash(run, target, 8)
+  assert model.config.aux_hidden_state_layer_ids == list(layers)
+  assert model.block_size == 8 and model.mask_token_id == 300
+  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+  t, pending = 13, 40
+  tokens = np.random.default_rng(4).integers(3, target.model_cfg.vocab_size, (1, t))
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref = dflash_block_logits(model, torch.cat([hs[i] for i in layers], -1).numpy(), pending)
+  drafter, tgt = nnx.merge(graphdef, params), nnx.merge(target.graphdef, target.params)
+  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in layers)),
+                           jnp.arange(t)[None])
+  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 8)
+  hidden = drafter(x, jnp.arange(t, t + 8)[None], ctx, jnp.ones((1, 8, t + 8), bool))[:, 1:]
+  ours = np.asarray(drafter.draft_logits(tgt, hidden))[0]
+  diff = float(np.abs(ours - ref).max())
+  print(f"trained DFlash block logits in speculators: max difference {diff:.2e}")
+  assert diff < 1e-4, diff

@@ -217,7 +217,7 @@ def feature_layers(cfg, num_target_layers: int) -> tuple[int, ...]:
 
 
 LAYER_SHAPE_KEYS = ("num_heads", "num_kv_heads", "head_dim", "mlp_dim", "rope_theta",
-                    "norm_eps", "rope_llama3_scaling")
+                    "norm_eps", "rope_llama3_scaling", "qk_norm")
 
 
 def layer_config(cfg, target_cfg):

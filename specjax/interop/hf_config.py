@@ -79,7 +79,7 @@ def _refuse_options(hf: dict, arch: str):
     raise SpecjaxError("config.json partial_rotary_factor is not supported (1.0 only)")
 
 
-def _rope(hf: dict) -> tuple[float, tuple | None]:
+def rope(hf: dict) -> tuple[float, tuple | None]:
   """(rope_theta, Llama-3 scaling tuple or None) from either config generation."""
   params = dict(hf.get("rope_parameters") or {})
   scaling = hf.get("rope_scaling")
@@ -111,7 +111,7 @@ def to_specjax(hf: dict) -> tuple[str, TransformerConfig]:
   arch = architecture(hf)
   _refuse_options(hf, arch)
   d_model, heads = int(_require(hf, "hidden_size")), int(_require(hf, "num_attention_heads"))
-  theta, llama3 = _rope(hf)
+  theta, llama3 = rope(hf)
   dtype = _dtype(hf)
   try:
     return arch, TransformerConfig(

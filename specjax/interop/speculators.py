@@ -78,7 +78,6 @@ def _layer_config_matches(layer: dict, target_cfg):
 
 def eagle3_config(spec: dict, target_cfg, source: str) -> ml_collections.ConfigDict:
   """run_dir/eagle3/config.json of an imported speculators EAGLE-3."""
-  from specjax.drafters.eagle3 import default_feature_layers_eagle3
   layer = spec.get("transformer_layer_config") or {}
   if not layer:
     raise SpecjaxError(f"{source}: config.json has no transformer_layer_config")
@@ -87,11 +86,7 @@ def eagle3_config(spec: dict, target_cfg, source: str) -> ml_collections.ConfigD
     raise SpecjaxError(f"target_hidden_size {hidden} != the target's d_model "
                        f"{target_cfg.d_model}")
   _layer_config_matches(layer, target_cfg)
-  ids = spec.get("eagle_aux_hidden_state_layer_ids") or list(
-      default_feature_layers_eagle3(target_cfg.num_layers))
-  n = target_cfg.num_layers
-  if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) > n:
-    raise SpecjaxError(f"eagle_aux_hidden_state_layer_ids {ids} must be distinct, in 0..{n}")
+  ids = _draft_ids(spec, "eagle_aux_hidden_state_layer_ids", target_cfg)
   if spec.get("norm_before_fc") and spec.get("fc_norm"):
     raise SpecjaxError("norm_before_fc and fc_norm are mutually exclusive")
   proposals = (spec.get("speculators_config") or {}).get("proposal_methods") or [{}]
@@ -207,10 +202,9 @@ def eagle3_export_config(cfg, run_dir, target, verifier: str | None, dtype: str)
   from specjax.drafters.eagle3 import feature_layers
   layer = _transformer_layer_config(run_dir, target, cfg.num_layers)
   vocab = int(cfg.get("draft_vocab_size", 0)) or target.model_cfg.vocab_size
-  return {
-      "architectures": ["Eagle3DraftModel"],
-      "speculators_model_type": "eagle3",
-      "speculators_version": VERSION,
+  config = _common_config("eagle3", "Eagle3DraftModel", verifier, layer, dtype,
+                          int(cfg.get("ttt_steps", 3)))
+  config.update({
       "draft_vocab_size": min(vocab, target.model_cfg.vocab_size),
       "eagle_aux_hidden_state_layer_ids": list(feature_layers(cfg, target.model_cfg.num_layers)),
       "embed_requires_grad": False,
@@ -218,19 +212,8 @@ def eagle3_export_config(cfg, run_dir, target, verifier: str | None, dtype: str)
       "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
       "fc_norm": bool(cfg.get("fc_norm", False)),
       "norm_output": bool(cfg.get("norm_output", False)),
-      "target_hidden_size": None,
-      "tie_word_embeddings": False,
-      "dtype": dtype,
-      "speculators_config": {
-          "algorithm": "eagle3",
-          "default_proposal_method": "greedy",
-          "proposal_methods": [{"proposal_type": "greedy", "accept_tolerance": 0.0,
-                                "speculative_tokens": int(cfg.get("ttt_steps", 3)),
-                                "verifier_accept_k": 1}],
-          "verifier": {"name_or_path": verifier, "architectures": layer.get("architectures")},
-      },
-      "transformer_layer_config": layer,
-  }
+  })
+  return config
 
 
 def export_eagle3(run_dir: str, out_dir: str, verifier: str | None = None):
@@ -263,8 +246,172 @@ def export_eagle3(run_dir: str, out_dir: str, verifier: str | None = None):
         f"verifier {config['speculators_config']['verifier']['name_or_path']}", flush=True)
 
 
-IMPORTERS = {"eagle3": import_eagle3}
-EXPORTERS = {"eagle3": export_eagle3}
+# -- DFlash ----------------------------------------------------------------------------------
+
+
+def _draft_ids(spec: dict, key: str, target_cfg) -> list[int]:
+  from specjax.drafters.eagle3 import default_feature_layers_eagle3
+  ids = spec.get(key) or list(default_feature_layers_eagle3(target_cfg.num_layers))
+  n = target_cfg.num_layers
+  if len(set(ids)) != len(ids) or min(ids) < 0 or max(ids) > n:
+    raise SpecjaxError(f"{key} {ids} must be distinct, in 0..{n}")
+  return [int(i) for i in ids]
+
+
+def _full_vocabulary(spec: dict, target_cfg, method: str):
+  vocab = int(spec.get("draft_vocab_size") or target_cfg.vocab_size)
+  if vocab != target_cfg.vocab_size:
+    raise SpecjaxError(f"a {method} drafter with a reduced draft vocabulary ({vocab} of "
+                       f"{target_cfg.vocab_size}) is not supported")
+
+
+def block_config(spec: dict, target_cfg, source: str, method: str) -> ml_collections.ConfigDict:
+  """run_dir/<method>/config.json of an imported speculators DFlash-family drafter: their
+  draft layers are Qwen3 layers of the verifier's shape (q/k norm whatever the verifier)."""
+  layer = spec.get("transformer_layer_config") or {}
+  if not layer:
+    raise SpecjaxError(f"{source}: config.json has no transformer_layer_config")
+  if int(layer.get("hidden_size", -1)) != target_cfg.d_model:
+    raise SpecjaxError(f"transformer_layer_config hidden_size {layer.get('hidden_size')} != "
+                       f"the target's d_model {target_cfg.d_model}")
+  if layer.get("attention_bias"):
+    raise SpecjaxError("drafter attention_bias=True is not supported")
+  if layer.get("hidden_act", "silu") != "silu":
+    raise SpecjaxError(f"drafter hidden_act '{layer['hidden_act']}' is not supported (silu)")
+  num_layers = int(layer.get("num_hidden_layers", 1))
+  if "sliding_attention" in (layer.get("layer_types") or [])[:num_layers]:
+    raise SpecjaxError("drafter sliding-window attention layers are not supported")
+  _full_vocabulary(spec, target_cfg, method)
+  mask = spec.get("mask_token_id")
+  if mask is None or not 0 <= int(mask) < target_cfg.vocab_size:
+    raise SpecjaxError(f"mask_token_id {mask} is not a token of the target's vocabulary "
+                       f"(size {target_cfg.vocab_size})")
+  ids = _draft_ids(spec, "aux_hidden_state_layer_ids", target_cfg)
+  theta, llama3 = hf_config.rope(layer)
+  heads = int(layer["num_attention_heads"])
+  return ml_collections.ConfigDict({
+      "method": method,
+      "num_layers": num_layers,
+      "feature_layers": ids,
+      "num_feature_layers": len(ids),
+      "block_size": int(spec.get("block_size", 8)),
+      "mask_token_id": int(mask),
+      "layer_shape": {
+          "num_heads": heads,
+          "num_kv_heads": int(layer.get("num_key_value_heads") or heads),
+          "head_dim": int(layer.get("head_dim") or target_cfg.d_model // heads),
+          "mlp_dim": int(layer["intermediate_size"]),
+          "rope_theta": theta,
+          "norm_eps": float(layer.get("rms_norm_eps", 1e-6)),
+          "rope_llama3_scaling": llama3,
+          "qk_norm": True,
+      },
+      "output_multiplier": 1.0,
+      "final_logit_softcapping": 0.0,
+      "embedding_scale": 1.0,
+      "imported_from": os.path.abspath(source),
+      "speculators_config_json": json.dumps(spec, sort_keys=True),
+  })
+
+
+def import_dflash(src: str, run_dir: str, spec: dict):
+  from specjax.drafters import dflash
+  from specjax.interop import zlab
+  if spec.get("sample_from_anchor"):
+    raise SpecjaxError("a DFlash drafter with sample_from_anchor=True (B drafts a block, slot 0 "
+                       "included) is not supported; specjax's DSpark drafts that way")
+  target_cfg = zlab._target_cfg(run_dir)
+  cfg = block_config(spec, target_cfg, src, "dflash")
+  abstract = drafter_io.abstract_params(dflash.build_model, cfg, target_cfg)
+  with open_tensors(src) as reader:
+    params, dtypes = drafter_io.read_params(reader, src, zlab.name_table(cfg.num_layers),
+                                            abstract, f"a {cfg.num_layers}-layer DFlash",
+                                            extra_ok=VERIFIER_TENSORS)
+  cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+  folder = drafter_io.save_imported(run_dir, "dflash", cfg, params)
+  print(f"[import-speculators] {src} -> {folder}: DFlash, {cfg.num_layers} layer(s), block "
+        f"{cfg.block_size}, target features from layers {list(cfg.feature_layers)}, mask "
+        f"token {cfg.mask_token_id}", flush=True)
+
+
+def _common_config(method: str, architecture: str, verifier, layer: dict, dtype: str,
+                   speculative_tokens: int) -> dict:
+  return {
+      "architectures": [architecture],
+      "speculators_model_type": method,
+      "speculators_version": VERSION,
+      "target_hidden_size": None,
+      "tie_word_embeddings": False,
+      "dtype": dtype,
+      "speculators_config": {
+          "algorithm": method,
+          "default_proposal_method": "greedy",
+          "proposal_methods": [{"proposal_type": "greedy", "accept_tolerance": 0.0,
+                                "speculative_tokens": int(speculative_tokens),
+                                "verifier_accept_k": 1}],
+          "verifier": {"name_or_path": verifier, "architectures": layer.get("architectures")},
+      },
+      "transformer_layer_config": layer,
+  }
+
+
+def _block_layer_config(run_dir, target, cfg) -> dict:
+  """The target's HF config with the drafter's depth and its layers' own shape."""
+  from specjax.drafters.dflash import layer_config
+  shape = layer_config(cfg, target.model_cfg)
+  if not shape.qk_norm:
+    raise SpecjaxError("speculators' DFlash layers have q/k norm; this drafter's do not")
+  layer = _transformer_layer_config(run_dir, target, cfg.num_layers)
+  rope = {"rope_type": "default", "rope_theta": shape.rope_theta}
+  if shape.rope_llama3_scaling is not None:
+    rope = {"rope_type": "llama3", "rope_theta": shape.rope_theta,
+            **dict(zip(hf_config.LLAMA3_KEYS, shape.rope_llama3_scaling))}
+  layer.update(num_attention_heads=shape.num_heads, num_key_value_heads=shape.num_kv_heads,
+               head_dim=shape.head_dim, intermediate_size=shape.mlp_dim,
+               rms_norm_eps=shape.norm_eps, rope_parameters=rope, rope_theta=shape.rope_theta)
+  layer.pop("rope_scaling", None)
+  return layer
+
+
+def export_dflash(run_dir: str, out_dir: str, verifier: str | None = None):
+  from specjax.drafters import dflash
+  from specjax.interop import zlab
+  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
+  cfg = run_dir_lib.load_config(folder)
+  if int(cfg.get("mask_token_id", -1)) < 0:
+    raise SpecjaxError("this DFlash drafter uses a learned mask vector, which speculators' "
+                       "format cannot hold; train it with --config.mask_token_id=<a token id>")
+  for key, off in (("output_multiplier", 1.0), ("final_logit_softcapping", 0.0),
+                   ("embedding_scale", 1.0)):
+    if float(cfg.get(key, off)) != off:
+      raise SpecjaxError(f"speculators' DFlash has no {key} (this drafter's is "
+                         f"{cfg.get(key)})")
+  target = _target(run_dir)
+  abstract = drafter_io.abstract_params(dflash.build_model, cfg, target.model_cfg)
+  params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
+  dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
+  if cfg.get("speculators_config_json"):
+    config = json.loads(cfg.speculators_config_json)
+    if verifier is not None:
+      config["speculators_config"]["verifier"]["name_or_path"] = verifier
+  else:
+    layer = _block_layer_config(run_dir, target, cfg)
+    config = _common_config("dflash", "DFlashDraftModel", verifier, layer, dtype.name,
+                            int(cfg.block_size) - 1)
+    config.update(
+        block_size=int(cfg.block_size), mask_token_id=int(cfg.mask_token_id),
+        aux_hidden_state_layer_ids=list(dflash.feature_layers(cfg, target.model_cfg.num_layers)),
+        draft_vocab_size=target.model_cfg.vocab_size, sample_from_anchor=False,
+        sliding_window_non_causal=False)
+  count = drafter_io.write_params(out_dir, zlab.name_table(cfg.num_layers), params, dtype)
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(config, f, indent=2, sort_keys=True)
+  print(f"[export-speculators] {folder} -> {out_dir}: DFlash, {count} tensors ({dtype.name}), "
+        f"verifier {config['speculators_config']['verifier']['name_or_path']}", flush=True)
+
+
+IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash}
+EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash}
 
 
 def import_speculators(src: str, run_dir: str):

@@ -158,6 +158,7 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
           "rope_theta": _rope_theta(zlab),
           "norm_eps": float(zlab.get("rms_norm_eps", 1e-6)),
           "rope_llama3_scaling": None,
+          "qk_norm": True,  # Qwen3 decoder layers, whatever the target
       },
       "output_multiplier": float(value("output_multiplier", 1.0)),
       "final_logit_softcapping": float(softcap) if softcap else 0.0,
