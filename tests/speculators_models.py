@@ -114,3 +114,63 @@ def dflash_block_logits(model, aux_1xTxF, pending: int):
       x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos,
                 position_embeddings=emb)
     return model.lm_head(model.norm(x))[0, 1:].numpy()
+
+
+def dspark_drafter(verifier_dir: str, *, layers=2, ids=(1, 2, 3), block_size=6, mask_token_id=0,
+                   markov_rank=8, seed=0):
+  """A random speculators DSparkDraftModel (vanilla Markov head, confidence head with the
+  Markov embedding; eager attention, norms moved away from 1)."""
+  import torch
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.dspark import DSparkSpeculatorConfig
+  from speculators.models.dspark.core import DSparkDraftModel
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+  from transformers import AutoConfig
+  layer = AutoConfig.from_pretrained(verifier_dir)
+  layer.num_hidden_layers = layers
+  layer._attn_implementation = "eager"
+  cfg = DSparkSpeculatorConfig(
+      transformer_layer_config=layer, draft_vocab_size=layer.vocab_size, block_size=block_size,
+      aux_hidden_state_layer_ids=list(ids), mask_token_id=mask_token_id,
+      markov_rank=markov_rank, sample_from_anchor=True,
+      speculators_config=SpeculatorsConfig(
+          algorithm="dspark", default_proposal_method="greedy",
+          proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block_size)],
+          verifier=VerifierConfig.from_pretrained(verifier_dir)))
+  torch.manual_seed(seed)
+  model = DSparkDraftModel(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if p.requires_grad:
+        p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else
+                0.2 * torch.randn_like(p))
+  model.load_verifier_weights()
+  return model.eval()
+
+
+def dspark_block(model, aux_1xTxF, prev_tokens):
+  """Their DSpark slot logits (backbone + Markov bias) and confidence logits for the block
+  [prev_tokens[0] (the anchor), MASK x (B-1)] after the context: slot k reads prev_tokens[k]
+  as its previous token (sample_from_anchor: slot k predicts the token after anchor + k).
+  ([B, V], [B])."""
+  import torch
+  bs = model.block_size
+  with torch.no_grad():
+    aux = torch.as_tensor(np.asarray(aux_1xTxF))
+    t = aux.shape[1]
+    ctx = model.hidden_norm(model.fc(aux))
+    ids = torch.full((1, bs), model.mask_token_id, dtype=torch.long)
+    ids[0, 0] = int(prev_tokens[0])
+    x = model.embed_tokens(ids)
+    pos = torch.arange(t + bs)[None]
+    emb = model.rotary_emb(x, pos)
+    for layer in model.layers:
+      x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos,
+                position_embeddings=emb)
+    hidden = model.norm(x)[0]
+    prev = torch.as_tensor(np.asarray(prev_tokens))[None]
+    prev_emb = model.markov_head.prev_embeddings(prev)
+    logits = model.lm_head(hidden) + model.markov_head.block_bias(
+        prev_token_ids=prev, hidden_states=hidden[None], prev_emb=prev_emb)[0]
+    conf = model.confidence_head(torch.cat([hidden, prev_emb[0]], -1))
+    return logits.numpy(), conf.numpy()

@@ -332,3 +332,124 @@ def test_trained_dflash_exported_loads_in_speculators_with_the_same_logits(train
   diff = float(np.abs(ours - ref).max())
   print(f"trained DFlash block logits in speculators: max difference {diff:.2e}")
   assert diff < 1e-4, diff
+
+
+# -- DSpark ----------------------------------------------------------------------------------
+
+
+def ours_dspark_block(run, features, prev_tokens, bs):
+  """specjax's imported DSpark on the same block: (slot logits [B, V], confidence logits [B])."""
+  import jax
+  from flax import nnx
+  target = run_dir_lib.load_target(run)
+  graphdef, params, layers, _ = builtin.load_dspark(run, target, bs)
+  one = jax.devices()[0]
+  model = nnx.merge(graphdef, jax.device_put(params, one))
+  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
+  t = features[0].shape[1]
+  ctx = model.context_kv(model.project(tuple(jnp.asarray(f) for f in features)),
+                         jnp.arange(t)[None])
+  x = model.block_inputs(tgt, jnp.asarray([[prev_tokens[0]]]), bs)
+  hidden = model(x, jnp.arange(t, t + bs)[None], ctx, jnp.ones((1, bs, t + bs), bool))
+  e = model.previous_embedding(jnp.asarray(prev_tokens)[None])
+  logits = tgt.logits(hidden) + model.markov_logits(e)
+  return np.asarray(logits)[0], np.asarray(model.confidence_logit(hidden, e))[0]
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def imported_dspark(request, tmp_path_factory):
+  from speculators_models import dspark_drafter
+  root = tmp_path_factory.mktemp(f"speculators_dspark_{request.param}")
+  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
+                                     layers=4, vocab=320)
+  hf.import_hf(folder, str(root / "run"))
+  model = dspark_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319,
+                         markov_rank=8)
+  model.save_pretrained(str(root / "draft"))
+  speculators.import_speculators(str(root / "draft"), str(root / "run"))
+  return model, str(root / "draft"), str(root / "run"), verifier
+
+
+def test_imported_dspark_logits_and_confidences_equal_reference(imported_dspark):
+  from speculators_models import dspark_block
+  model, _, run, verifier = imported_dspark
+  t = 9
+  tokens = np.random.default_rng(5).integers(2, 300, (1, t))
+  prev = [17, 4, 250, 9, 33, 120]  # the anchor, then the drafts each slot follows
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref_logits, ref_conf = dspark_block(model, torch.cat([hs[i] for i in IDS], -1).numpy(), prev)
+  logits, conf = ours_dspark_block(run, [hs[i].numpy() for i in IDS], prev, 6)
+  target = run_dir_lib.load_target(run)
+  assert builtin.load_dspark(run, target, 6)[3] == ()  # theirs has no calibration step
+  diff = float(np.abs(logits - ref_logits).max())
+  conf_diff = float(np.abs(conf - ref_conf).max())
+  print(f"DSpark slot logits: max difference vs speculators {diff:.2e}; confidence logits "
+        f"{conf_diff:.2e}")
+  assert diff < 1e-4 and conf_diff < 1e-4, (diff, conf_diff)
+  assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
+
+
+def test_dspark_import_then_export_is_bit_exact(imported_dspark, tmp_path):
+  _, src, run, _ = imported_dspark
+  out = str(tmp_path / "out")
+  speculators.export_speculators(run, "dspark", out)
+  with open_tensors(src) as a, open_tensors(out) as b:
+    assert sorted(a.names()) == sorted(b.names())
+    for name in a.names():
+      x, y = a.read(name), b.read(name)
+      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
+  assert json.load(open(os.path.join(src, "config.json"))) == \
+      json.load(open(os.path.join(out, "config.json")))
+
+
+def test_dspark_import_errors_are_one_line(imported_dspark, tmp_path):
+  _, src, run, _ = imported_dspark
+  config = json.load(open(os.path.join(src, "config.json")))
+  bad = tmp_path / "bad"
+  shutil.copytree(src, bad)
+  for change, words in [({"sample_from_anchor": False}, "sample_from_anchor=False"),
+                        ({"markov_head_type": "rnn"}, "'rnn' is not supported"),
+                        ({"confidence_head_with_markov": False}, "confidence_head_with_markov"),
+                        ({"enable_confidence_head": False}, "without a confidence head")]:
+    json.dump({**config, **change}, open(bad / "config.json", "w"))
+    with pytest.raises(SpecjaxError, match=words):
+      speculators.import_speculators(str(bad), run)
+
+
+@pytest.fixture(scope="module")
+def trained_dspark(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
+  from conftest import train_block_drafter
+  from speculators.models.dspark import DSparkSpeculatorConfig
+  from speculators.models.dspark.core import DSparkDraftModel
+  root = tmp_path_factory.mktemp("speculators_dspark_trained")
+  run = train_block_drafter(tiny_run, "dspark_tiny.py", str(root / "run"), template_corpus_dir,
+                            tfds_dir, regen_sequences=64, num_steps=20, log_every=10,
+                            eval_every=20, save_every=20, block_size=6, mask_token_id=300,
+                            markov_rank=8)
+  verifier = hf.export_hf(run, str(root / "verifier"))
+  out = str(root / "speculators")
+  speculators.export_speculators(run, "dspark", out, verifier)
+  cfg = DSparkSpeculatorConfig.from_pretrained(out)
+  cfg.transformer_layer_config._attn_implementation = "eager"
+  return run, verifier, DSparkDraftModel.from_pretrained(out, config=cfg).eval()
+
+
+def test_trained_dspark_exported_loads_in_speculators_with_the_same_logits(trained_dspark):
+  from transformers import AutoModelForCausalLM
+  from speculators_models import dspark_block
+  run, verifier_dir, model = trained_dspark
+  target = run_dir_lib.load_target(run)
+  layers = builtin.load_dspark(run, target, 6)[2]
+  assert model.config.aux_hidden_state_layer_ids == list(layers) and model.block_size == 6
+  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
+  tokens = np.random.default_rng(6).integers(3, target.model_cfg.vocab_size, (1, 12))
+  prev = [40, 41, 42, 7, 8, 9]
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref_logits, ref_conf = dspark_block(model, torch.cat([hs[i] for i in layers], -1).numpy(),
+                                      prev)
+  logits, conf = ours_dspark_block(run, [hs[i].numpy() for i in layers], prev, 6)
+  diff = max(float(np.abs(logits - ref_logits).max()), float(np.abs(conf - ref_conf).max()))
+  print(f"trained DSpark in speculators: max logit / confidence difference {diff:.2e}")
+  assert diff < 1e-4, diff

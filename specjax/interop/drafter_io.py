@@ -68,18 +68,23 @@ def save_imported(run_dir: str, name: str, cfg, params) -> str:
 
 def write_params(out_dir: str, table: dict, params, dtype, extra=None) -> int:
   """model.safetensors in out_dir: every tensor of `table` from the (flat) params in `dtype`,
-  then `extra` {name: array} as given. Returns the tensor count."""
+  then `extra` {name: array} as given. A scalar parameter is a torch [1] tensor (a bias).
+  Returns the tensor count."""
   dtype = np.dtype(dtype)
+
+  def shape_of(path, n_in):
+    shape = params[path].get_value().shape
+    return (1,) if not shape else layer_map.torch_shape(shape, n_in)
 
   def tensor(name):
     if name in (extra or {}):
       return extra[name]
     path, n_in = table[name]
     x = np.asarray(params[path].get_value(), np.float32)
-    return np.ascontiguousarray(layer_map.to_torch(x, n_in).astype(dtype))
+    return np.ascontiguousarray(layer_map.to_torch(x, n_in).astype(dtype)).reshape(
+        shape_of(path, n_in))
 
-  specs = {name: (layer_map.torch_shape(params[path].get_value().shape, n_in), dtype)
-           for name, (path, n_in) in table.items()}
+  specs = {name: (shape_of(path, n_in), dtype) for name, (path, n_in) in table.items()}
   specs.update({name: (x.shape, x.dtype) for name, x in (extra or {}).items()})
   os.makedirs(out_dir, exist_ok=True)
   write_tensors(os.path.join(out_dir, SINGLE_FILE), specs, tensor, {"format": "pt"})

@@ -45,7 +45,7 @@ def torch_shape(shape, n_in: int) -> tuple[int, ...]:
 
 def to_specjax(x_torch: np.ndarray, shape, n_in: int) -> np.ndarray:
   """torch layout -> specjax layout (a view: no copy)."""
-  return x_torch if n_in == 0 else x_torch.T.reshape(shape)
+  return x_torch.reshape(shape) if n_in == 0 else x_torch.T.reshape(shape)
 
 
 def to_torch(x: np.ndarray, n_in: int) -> np.ndarray:

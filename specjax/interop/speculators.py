@@ -376,18 +376,70 @@ def _block_layer_config(run_dir, target, cfg) -> dict:
 def export_dflash(run_dir: str, out_dir: str, verifier: str | None = None):
   from specjax.drafters import dflash
   from specjax.interop import zlab
-  folder = run_dir_lib.require_model_dir(run_dir, "dflash")
+  _export_block(run_dir, out_dir, verifier, "dflash", "DFlashDraftModel", dflash.build_model,
+                lambda cfg: zlab.name_table(cfg.num_layers), lambda cfg: int(cfg.block_size) - 1,
+                lambda cfg: {"sample_from_anchor": False})
+
+
+# -- DSpark -----------------------------------------------------------------------------------
+
+
+def dspark_table(cfg) -> dict[str, tuple[tuple, int]]:
+  """DFlash's tensors plus the vanilla Markov head and the confidence head."""
+  from specjax.interop import zlab
+  table = dict(zlab.name_table(cfg.num_layers))
+  if int(cfg.markov_rank):
+    table["markov_head.markov_w1.weight"] = (("markov_w1",), 0)
+    table["markov_head.markov_w2.weight"] = (("markov_w2",), 1)
+  table["confidence_head.proj.weight"] = (("confidence_w",), 1)
+  table["confidence_head.proj.bias"] = (("confidence_b",), 0)
+  return table
+
+
+def import_dspark(src: str, run_dir: str, spec: dict):
+  from specjax.drafters import dspark
+  from specjax.interop import zlab
+  if spec.get("sample_from_anchor", True) is not True:
+    raise SpecjaxError("a DSpark drafter with sample_from_anchor=False is not supported "
+                       "(specjax's DSpark drafts from every slot of the block, anchor included)")
+  if spec.get("markov_head_type", "vanilla") != "vanilla":
+    raise SpecjaxError(f"markov_head_type '{spec['markov_head_type']}' is not supported "
+                       "(vanilla)")
+  if not spec.get("enable_confidence_head", True):
+    raise SpecjaxError("a DSpark drafter without a confidence head is not supported")
+  rank = int(spec.get("markov_rank", 256))
+  if rank and not spec.get("confidence_head_with_markov", True):
+    raise SpecjaxError("confidence_head_with_markov=False is not supported (specjax's "
+                       "confidence head reads [hidden ; W1[previous token]])")
+  target_cfg = zlab._target_cfg(run_dir)
+  cfg = block_config(spec, target_cfg, src, "dspark")
+  cfg.markov_rank = rank
+  abstract = drafter_io.abstract_params(dspark.build_model, cfg, target_cfg)
+  with open_tensors(src) as reader:
+    params, dtypes = drafter_io.read_params(reader, src, dspark_table(cfg), abstract,
+                                            f"a {cfg.num_layers}-layer DSpark (rank {rank})",
+                                            extra_ok=VERIFIER_TENSORS)
+  cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+  folder = drafter_io.save_imported(run_dir, "dspark", cfg, params)
+  print(f"[import-speculators] {src} -> {folder}: DSpark, {cfg.num_layers} layer(s), block "
+        f"{cfg.block_size} (as many drafts), Markov rank {rank}, no calibration", flush=True)
+
+
+def _export_block(run_dir: str, out_dir: str, verifier, method: str, architecture: str,
+                  build, table_of, speculative_tokens, extra_keys):
+  """A DFlash-family drafter -> a speculators checkpoint (an imported one keeps its config)."""
+  folder = run_dir_lib.require_model_dir(run_dir, method)
   cfg = run_dir_lib.load_config(folder)
   if int(cfg.get("mask_token_id", -1)) < 0:
-    raise SpecjaxError("this DFlash drafter uses a learned mask vector, which speculators' "
+    raise SpecjaxError(f"this {method} drafter uses a learned mask vector, which speculators' "
                        "format cannot hold; train it with --config.mask_token_id=<a token id>")
   for key, off in (("output_multiplier", 1.0), ("final_logit_softcapping", 0.0),
                    ("embedding_scale", 1.0)):
     if float(cfg.get(key, off)) != off:
-      raise SpecjaxError(f"speculators' DFlash has no {key} (this drafter's is "
+      raise SpecjaxError(f"speculators' {method} has no {key} (this drafter's is "
                          f"{cfg.get(key)})")
   target = _target(run_dir)
-  abstract = drafter_io.abstract_params(dflash.build_model, cfg, target.model_cfg)
+  abstract = drafter_io.abstract_params(build, cfg, target.model_cfg)
   params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
   if cfg.get("speculators_config_json"):
@@ -395,23 +447,33 @@ def export_dflash(run_dir: str, out_dir: str, verifier: str | None = None):
     if verifier is not None:
       config["speculators_config"]["verifier"]["name_or_path"] = verifier
   else:
+    from specjax.drafters.dflash import feature_layers
     layer = _block_layer_config(run_dir, target, cfg)
-    config = _common_config("dflash", "DFlashDraftModel", verifier, layer, dtype.name,
-                            int(cfg.block_size) - 1)
+    config = _common_config(method, architecture, verifier, layer, dtype.name,
+                            speculative_tokens(cfg))
     config.update(
         block_size=int(cfg.block_size), mask_token_id=int(cfg.mask_token_id),
-        aux_hidden_state_layer_ids=list(dflash.feature_layers(cfg, target.model_cfg.num_layers)),
-        draft_vocab_size=target.model_cfg.vocab_size, sample_from_anchor=False,
-        sliding_window_non_causal=False)
-  count = drafter_io.write_params(out_dir, zlab.name_table(cfg.num_layers), params, dtype)
+        aux_hidden_state_layer_ids=list(feature_layers(cfg, target.model_cfg.num_layers)),
+        draft_vocab_size=target.model_cfg.vocab_size, sliding_window_non_causal=False,
+        **extra_keys(cfg))
+  count = drafter_io.write_params(out_dir, table_of(cfg), params, dtype)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
-  print(f"[export-speculators] {folder} -> {out_dir}: DFlash, {count} tensors ({dtype.name}), "
+  print(f"[export-speculators] {folder} -> {out_dir}: {method}, {count} tensors ({dtype.name}), "
         f"verifier {config['speculators_config']['verifier']['name_or_path']}", flush=True)
 
 
-IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash}
-EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash}
+def export_dspark(run_dir: str, out_dir: str, verifier: str | None = None):
+  from specjax.drafters import dspark
+  _export_block(run_dir, out_dir, verifier, "dspark", "DSparkDraftModel", dspark.build_model,
+                dspark_table, lambda cfg: int(cfg.block_size),
+                lambda cfg: {"sample_from_anchor": True, "markov_rank": int(cfg.markov_rank),
+                             "markov_head_type": "vanilla", "enable_confidence_head": True,
+                             "confidence_head_with_markov": bool(int(cfg.markov_rank))})
+
+
+IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash, "dspark": import_dspark}
+EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash, "dspark": export_dspark}
 
 
 def import_speculators(src: str, run_dir: str):
