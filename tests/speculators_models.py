@@ -174,3 +174,61 @@ def dspark_block(model, aux_1xTxF, prev_tokens):
         prev_token_ids=prev, hidden_states=hidden[None], prev_emb=prev_emb)[0]
     conf = model.confidence_head(torch.cat([hidden, prev_emb[0]], -1))
     return logits.numpy(), conf.numpy()
+
+
+def dflash2_drafter(verifier_dir: str, *, layers=2, ids=(1, 2, 3), block_size=6,
+                    mask_token_id=0, seed=0):
+  """A random speculators DFlash2DraftModel: random convolutions (not the identity they start
+  as) and selector, eager attention, norms moved away from 1."""
+  import torch
+  from speculators.config import SpeculatorsConfig, VerifierConfig
+  from speculators.models.dflash2 import DFlash2SpeculatorConfig
+  from speculators.models.dflash2.core import DFlash2DraftModel
+  from speculators.proposals.greedy import GreedyTokenProposalConfig
+  from transformers import AutoConfig
+  layer = AutoConfig.from_pretrained(verifier_dir)
+  layer.num_hidden_layers = layers
+  layer._attn_implementation = "eager"
+  cfg = DFlash2SpeculatorConfig(
+      transformer_layer_config=layer, draft_vocab_size=layer.vocab_size, block_size=block_size,
+      aux_hidden_state_layer_ids=list(ids), mask_token_id=mask_token_id, conv_kernel_size=2,
+      conv_group_size=16, selector_rank=8, selector_top_k=5,
+      speculators_config=SpeculatorsConfig(
+          algorithm="dflash2", default_proposal_method="greedy",
+          proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=block_size - 1)],
+          verifier=VerifierConfig.from_pretrained(verifier_dir)))
+  torch.manual_seed(seed)
+  model = DFlash2DraftModel(cfg)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if p.requires_grad:
+        p.copy_(1.0 + 0.3 * torch.randn_like(p) if "norm" in name else
+                (p + 0.2 * torch.randn_like(p)) if "base_kernel" in name else
+                0.2 * torch.randn_like(p))
+  model.load_verifier_weights()
+  return model.eval()
+
+
+def dflash2_block(model, aux_1xTxF, pending: int, predecessors):
+  """Their DFlash 2 mask slots 1..B-1 after the context: (unary logits [B-1, V], the top-k
+  candidates [B-1, N], the selector's scores of those candidates after `predecessors`
+  [B-1, N])."""
+  import torch
+  bs = model.block_size
+  with torch.no_grad():
+    aux = torch.as_tensor(np.asarray(aux_1xTxF))
+    t = aux.shape[1]
+    ctx = model.hidden_norm(model.fc(aux))
+    ids = torch.full((1, bs), model.mask_token_id, dtype=torch.long)
+    ids[0, 0] = pending
+    x = model.embed_tokens(ids)
+    pos = torch.arange(t + bs)[None]
+    emb = model.rotary_emb(x, pos)
+    for layer in model.layers:
+      x = layer(hidden_states=x, target_hidden=ctx, attention_mask=None, position_ids=pos,
+                position_embeddings=emb)
+    hidden = model.norm(x)[0, 1:]
+    unary = model.lm_head(hidden)
+    cand, scores = model.candidate_selector.select(
+        unary, hidden, torch.as_tensor(np.asarray(predecessors)))
+    return unary.numpy(), cand.numpy(), scores.numpy()

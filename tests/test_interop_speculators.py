@@ -453,3 +453,61 @@ def test_trained_dspark_exported_loads_in_speculators_with_the_same_logits(train
   diff = max(float(np.abs(logits - ref_logits).max()), float(np.abs(conf - ref_conf).max()))
   print(f"trained DSpark in speculators: max logit / confidence difference {diff:.2e}")
   assert diff < 1e-4, diff
+
+
+# -- DFlash 2 -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def imported_dflash2(tmp_path_factory):
+  from speculators_models import dflash2_drafter
+  root = tmp_path_factory.mktemp("speculators_dflash2")
+  folder, verifier = save_checkpoint(str(root / "verifier"), "qwen3", tie=False, layers=4,
+                                     vocab=320)
+  hf.import_hf(folder, str(root / "run"))
+  model = dflash2_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319)
+  model.save_pretrained(str(root / "draft"))
+  speculators.import_speculators(str(root / "draft"), str(root / "run"))
+  return model, str(root / "draft"), str(root / "run"), verifier
+
+
+def test_imported_dflash2_logits_and_selector_scores_equal_reference(imported_dflash2):
+  import jax
+  from flax import nnx
+  from speculators_models import dflash2_block
+  model, src, run, verifier = imported_dflash2
+  t, pending = 10, 21
+  predecessors = [21, 5, 77, 140, 3]  # slot k's predecessor (the anchor, then drafts)
+  tokens = np.random.default_rng(7).integers(2, 300, (1, t))
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  ref_unary, ref_cand, ref_scores = dflash2_block(
+      model, torch.cat([hs[i] for i in IDS], -1).numpy(), pending, predecessors)
+  target = run_dir_lib.load_target(run)
+  graphdef, params, layers = builtin.load_dflash(run, target, 6, "dflash2")
+  one = jax.devices()[0]
+  drafter = nnx.merge(graphdef, jax.device_put(params, one))
+  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
+  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in IDS)),
+                           jnp.arange(t)[None])
+  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 6)
+  hidden = drafter(x, jnp.arange(t, t + 6)[None], ctx, jnp.ones((1, 6, t + 6), bool))[:, 1:]
+  unary = drafter.draft_logits(tgt, hidden)
+  sel = drafter.candidate_selector
+  u, cand = sel.candidates(unary)
+  scores = u + sel.pair_scores(hidden, jnp.asarray([predecessors]), cand)
+  diffs = (float(np.abs(np.asarray(unary)[0] - ref_unary).max()),
+           float(np.abs(np.asarray(scores)[0] - ref_scores).max()))
+  print(f"DFlash 2 unary logits / selector scores: max difference vs speculators "
+        f"{diffs[0]:.2e} / {diffs[1]:.2e}")
+  assert max(diffs) < 1e-4, diffs
+  assert (np.asarray(cand)[0] == ref_cand).all()
+  out = str(src) + "_export"
+  speculators.export_speculators(run, "dflash2", out)  # and back, bit for bit
+  with open_tensors(src) as a, open_tensors(out) as b:
+    assert sorted(a.names()) == sorted(b.names())
+    for name in a.names():
+      assert np.array_equal(a.read(name), b.read(name)) and \
+          a.read(name).dtype == b.read(name).dtype, name
+  assert json.load(open(os.path.join(src, "config.json"))) == \
+      json.load(open(os.path.join(out, "config.json")))

@@ -472,8 +472,50 @@ def export_dspark(run_dir: str, out_dir: str, verifier: str | None = None):
                              "confidence_head_with_markov": bool(int(cfg.markov_rank))})
 
 
-IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash, "dspark": import_dspark}
-EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash, "dspark": export_dspark}
+# -- DFlash 2 --------------------------------------------------------------------------------
+
+
+def import_dflash2(src: str, run_dir: str, spec: dict):
+  from specjax.drafters import dflash2
+  from specjax.interop import zlab
+  if spec.get("sample_from_anchor"):
+    raise SpecjaxError("a DFlash 2 drafter with sample_from_anchor=True is not supported")
+  target_cfg = zlab._target_cfg(run_dir)
+  cfg = block_config(spec, target_cfg, src, "dflash2")
+  for key in dflash2.SELECTOR_KEYS:
+    if spec.get(key) is None:
+      raise SpecjaxError(f"DFlash 2 drafter config has no {key}")
+    cfg[key] = int(spec[key])
+  if target_cfg.d_model % cfg.conv_group_size:
+    raise SpecjaxError(f"hidden_size {target_cfg.d_model} is not a multiple of conv_group_size "
+                       f"{cfg.conv_group_size}")
+  abstract = drafter_io.abstract_params(dflash2.build_model, cfg, target_cfg)
+  with open_tensors(src) as reader:
+    params, dtypes = drafter_io.read_params(reader, src,
+                                            zlab.name_table(cfg.num_layers, "dflash2"),
+                                            abstract, f"a {cfg.num_layers}-layer DFlash 2",
+                                            extra_ok=VERIFIER_TENSORS)
+  cfg.export_dtype = dtypes.pop() if len(dtypes) == 1 else "float32"
+  folder = drafter_io.save_imported(run_dir, "dflash2", cfg, params)
+  print(f"[import-speculators] {src} -> {folder}: DFlash 2, {cfg.num_layers} layer(s), block "
+        f"{cfg.block_size}, selector rank {cfg.selector_rank}, top {cfg.selector_top_k}",
+        flush=True)
+
+
+def export_dflash2(run_dir: str, out_dir: str, verifier: str | None = None):
+  from specjax.drafters import dflash2
+  from specjax.interop import zlab
+  _export_block(run_dir, out_dir, verifier, "dflash2", "DFlash2DraftModel", dflash2.build_model,
+                lambda cfg: zlab.name_table(cfg.num_layers, "dflash2"),
+                lambda cfg: int(cfg.block_size) - 1,
+                lambda cfg: {"sample_from_anchor": False,
+                             **{k: int(cfg.get(k, v)) for k, v in dflash2.SELECTOR_KEYS.items()}})
+
+
+IMPORTERS = {"eagle3": import_eagle3, "dflash": import_dflash, "dspark": import_dspark,
+             "dflash2": import_dflash2}
+EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash, "dspark": export_dspark,
+             "dflash2": export_dflash2}
 
 
 def import_speculators(src: str, run_dir: str):
