@@ -23,6 +23,15 @@ def tiny_model(vocab=61, seed=0, layers=2, d=32, logit_scale=1.0):
   return nnx.split(model, nnx.Param)
 
 
+
+def perturbed(params, seed, scale=0.3):
+  """Every leaf plus scale * N(0, 1) noise (a random model moved off its initialisation)."""
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
+                                   for x, k in zip(leaves, keys)])
+
+
 def random_prompts(n, vocab, seed=0, min_len=1, max_len=12):
   rng = np.random.default_rng(seed)
   return [rng.integers(1, vocab, size=rng.integers(min_len, max_len + 1)).tolist()

@@ -92,3 +92,21 @@ def save_checkpoint(folder: str, arch: str, *, tie: bool, seed: int = 0,
   GenerationConfig(bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
                    do_sample=False).save_pretrained(folder)
   return folder, model
+
+
+def assert_same_checkpoint(a: str, b: str, config_keys=None):
+  """Two checkpoint folders hold the same tensors, bit for bit and dtype for dtype, and the
+  same config.json (only `config_keys` of it, when given)."""
+  import json
+
+  import numpy as np
+
+  from specjax.interop.safetensors_io import open_tensors
+  with open_tensors(a) as x, open_tensors(b) as y:
+    assert sorted(x.names()) == sorted(y.names())
+    for name in x.names():
+      u, v = x.read(name), y.read(name)
+      assert u.dtype == v.dtype and u.shape == v.shape and np.array_equal(u, v), name
+  ca, cb = (json.load(open(os.path.join(f, "config.json"))) for f in (a, b))
+  for key in (config_keys or set(ca) | set(cb)):
+    assert ca.get(key) == cb.get(key), key

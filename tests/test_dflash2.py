@@ -12,7 +12,8 @@ import pytest
 import torch
 from flax import nnx
 
-from decoding_helpers import random_prompts, run_ar, run_spec, tiny_model, to_lists
+from decoding_helpers import (perturbed, random_prompts, run_ar, run_spec, tiny_model,
+                              to_lists)
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
 from specjax.interop import zlab
@@ -28,17 +29,6 @@ def graft(src_params, dst_params):
   src = dict(nnx.to_flat_state(src_params))
   return nnx.from_flat_state([(path, src[path] if path in src else var)
                               for path, var in nnx.to_flat_state(dst_params)])
-
-
-def perturbed(params, seed, scale=0.3):
-  """Convolutions and selector away from their identity / zero initialisation."""
-  flat = []
-  for i, (path, var) in enumerate(nnx.to_flat_state(params)):
-    if "attention_conv" in path or "mlp_conv" in path or "candidate_selector" in path:
-      x = var.get_value()
-      var = var.replace(x + scale * jax.random.normal(jax.random.key(seed + i), x.shape))
-    flat.append((path, var))
-  return nnx.from_flat_state(flat)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from conftest import tiny_train_config
-from decoding_helpers import drive_drafter, random_prompts, run_ar, run_spec, tiny_model, to_lists
+from decoding_helpers import (drive_drafter, perturbed, random_prompts, run_ar, run_spec,
+                              tiny_model, to_lists)
 from specjax import run_dir as run_dir_lib
 from specjax.drafters.eagle3 import (Eagle3Drafter, Eagle3Model, default_feature_layers_eagle3)
 from specjax.errors import SpecjaxError
@@ -22,13 +23,6 @@ from specjax.training import registry
 
 V = 61
 LAYERS = (1, 2, 3)
-
-
-def perturb(params, seed, scale=0.2):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
-                                   for x, k in zip(leaves, keys)])
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def setup():
                    "speculators_defaults": dict(norm_before_fc=True, norm_output=True),
                    "fc_norm": dict(fc_norm=True, norm_output=True)}.items():
     mg, mp = nnx.split(Eagle3Model(cfg, 2, 3, rngs=nnx.Rngs(1), **kw), nnx.Param)
-    models[name] = (mg, perturb(mp, 2))
+    models[name] = (mg, perturbed(mp, 2, 0.2))
   return (g, p), models, vocab
 
 

@@ -1,164 +1,268 @@
-"""vLLM's speculators format: imported EAGLE-3 drafters compute the reference's logits at every
-training-time-test step, import -> export is bit-exact, a drafter trained here loads in
-speculators with the same logits, and specjax's chain decoding accepts what a plain reference
-loop around speculators' model accepts."""
+"""vLLM's speculators format: imported EAGLE-3, DFlash, DSpark and DFlash 2 drafters compute
+the reference's outputs (EAGLE-3 at every training-time-test step), import -> export is
+bit-exact, drafters trained here load in speculators with the same outputs, and specjax's
+EAGLE-3 chain decoding accepts what a plain reference loop around speculators' model accepts."""
 
 import json
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from conftest import tiny_train_config
+from conftest import tiny_train_config, train_block_drafter
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.interop import hf, speculators
-from specjax.interop.safetensors_io import open_tensors
 from specjax.methods import builtin
 from specjax.training import eagle3 as eagle3_training
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("speculators")
 
-from hf_models import save_checkpoint  # noqa: E402
-from speculators_models import eagle3_drafter, ttt_logits  # noqa: E402
+from hf_models import assert_same_checkpoint, save_checkpoint  # noqa: E402
+import speculators_models as theirs  # noqa: E402
 
 IDS = (1, 2, 3)
-VOCAB = list(range(0, 320, 2))  # a draft vocabulary of every other token
-STEPS = 3
+STEPS = 3  # EAGLE-3's TTT steps
+BLOCK = 6  # the DFlash family's block
+# their drafter's settings per method: EAGLE-3 on a draft vocabulary of every other token
+SETTINGS = {
+    "eagle3": dict(eagle_aux_hidden_state_layer_ids=list(IDS), norm_before_residual=True,
+                   norm_before_fc=True, norm_output=True, draft_vocab=list(range(0, 320, 2)),
+                   speculative_tokens=STEPS),
+    "dflash": dict(block_size=BLOCK, aux_hidden_state_layer_ids=list(IDS), mask_token_id=319,
+                   speculative_tokens=BLOCK - 1),
+    "dspark": dict(block_size=BLOCK, aux_hidden_state_layer_ids=list(IDS), mask_token_id=319,
+                   markov_rank=8, sample_from_anchor=True, speculative_tokens=BLOCK),
+    "dflash2": dict(block_size=BLOCK, aux_hidden_state_layer_ids=list(IDS), mask_token_id=319,
+                    conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=5,
+                    speculative_tokens=BLOCK - 1),
+}
+
+
+def on_one_device(tree):
+  return jax.device_put(tree, jax.devices()[0])  # imported targets span the 8 test devices
+
+
+def aux_states(verifier, tokens, ids):
+  """The verifier's hidden states at `ids` for `tokens`: (torch concatenation, numpy list)."""
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
+  return torch.cat([hs[i] for i in ids], -1).numpy(), [hs[i].numpy() for i in ids]
 
 
 def ours_ttt(run, tokens, features):
-  import jax
-  from flax import nnx
+  """specjax's EAGLE-3 in run_dir: logits per TTT step, [T - 1, Vd] each."""
   target = run_dir_lib.load_target(run)
   dp, graphdef, _ = builtin.load_eagle3(run, target)
-  one = jax.devices()[0]  # an imported target is laid out over the 8 test devices
-  dp, params = jax.device_put(dp, one), jax.device_put(target.params, one)
+  dp = on_one_device(dp)
   t = tokens.shape[1]
   logits = eagle3_training.ttt_logits(
-      nnx.merge(graphdef, dp["model"]), nnx.merge(target.graphdef, params),
+      nnx.merge(graphdef, dp["model"]), nnx.merge(target.graphdef, on_one_device(target.params)),
       tuple(jnp.asarray(f) for f in features), jnp.asarray(tokens), jnp.arange(t)[None],
       jnp.ones((1, t), jnp.int32), STEPS, dp.get("vocab"))
   return [np.asarray(x[0, :t - 1]) for x in logits]
 
 
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def ours_block(kind, run, features, prev_tokens, block) -> dict:
+  """specjax's DFlash-family drafter in run_dir on the block of speculators_models.
+  block_outputs, the same outputs."""
+  target = run_dir_lib.load_target(run)
+  if kind == "dspark":
+    graphdef, params = builtin.load_dspark(run, target, block)[:2]
+  else:
+    graphdef, params, _ = builtin.load_dflash(run, target, block, kind)
+  model = nnx.merge(graphdef, on_one_device(params))
+  tgt = nnx.merge(target.graphdef, on_one_device(target.params))
+  t = features[0].shape[1]
+  ctx = model.context_kv(model.project(tuple(jnp.asarray(f) for f in features)),
+                         jnp.arange(t)[None])
+  x = model.block_inputs(tgt, jnp.asarray([[prev_tokens[0]]]), block)
+  hidden = model(x, jnp.arange(t, t + block)[None], ctx, jnp.ones((1, block, t + block), bool))
+  prev = jnp.asarray(prev_tokens)[None]
+  if kind == "dflash":
+    return {"logits": np.asarray(model.draft_logits(tgt, hidden[:, 1:]))[0]}
+  if kind == "dspark":
+    e = model.previous_embedding(prev)
+    return {"logits": np.asarray(tgt.logits(hidden) + model.markov_logits(e))[0],
+            "confidence": np.asarray(model.confidence_logit(hidden, e))[0]}
+  unary = model.draft_logits(tgt, hidden[:, 1:])
+  u, cand = model.candidate_selector.candidates(unary)
+  scores = u + model.candidate_selector.pair_scores(hidden[:, 1:], prev[:, :-1], cand)
+  return {"logits": np.asarray(unary)[0], "candidates": np.asarray(cand)[0],
+          "scores": np.asarray(scores)[0]}
+
+
+def compare(kind, model, run, verifier, ids, vocab, seed, block=BLOCK) -> dict:
+  """Max |difference| per output between their `model` and specjax's drafter in `run`, on
+  random context tokens (asserting equal argmaxes / candidates)."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(3, vocab, (1, 20 if kind == "eagle3" else 11))
+  aux, features = aux_states(verifier, tokens, ids)
+  if kind == "eagle3":
+    ref, ours = theirs.ttt_logits(model, aux, tokens, STEPS), ours_ttt(run, tokens, features)
+    for a, b in zip(ours, ref):
+      assert (a.argmax(-1) == b.argmax(-1)).all()
+    return {f"step {k}": float(np.abs(a - b).max()) for k, (a, b) in enumerate(zip(ours, ref))}
+  prev = rng.integers(3, vocab, block).tolist()  # the anchor, then each slot's predecessor
+  ref = theirs.block_outputs(kind, model, aux, prev)
+  ours = ours_block(kind, run, features, prev, block)
+  assert (ours["logits"].argmax(-1) == ref["logits"].argmax(-1)).all()
+  if "candidates" in ref:
+    assert (ours.pop("candidates") == ref.pop("candidates")).all()
+  return {name: float(np.abs(ours[name] - ref[name]).max()) for name in ref}
+
+
+CASES = [("eagle3", "qwen3"), ("eagle3", "llama"), ("dflash", "qwen3"), ("dflash", "llama"),
+         ("dspark", "qwen3"), ("dspark", "llama"), ("dflash2", "qwen3")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=["-".join(c) for c in CASES])
 def imported(request, tmp_path_factory):
-  """(their drafter, its folder, a run dir with the verifier imported as target and the drafter
-  imported, the verifier's HF model)."""
-  root = tmp_path_factory.mktemp(f"speculators_{request.param}")
-  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
-                                     layers=4, vocab=320)
+  """(method, their random drafter, its folder, a run dir with the verifier imported as the
+  target and the drafter imported, the verifier's HF model)."""
+  kind, arch = request.param
+  root = tmp_path_factory.mktemp(f"speculators_{kind}_{arch}")
+  folder, verifier = save_checkpoint(str(root / "verifier"), arch, tie=False, layers=4,
+                                     vocab=320)
   hf.import_hf(folder, str(root / "run"))
-  model = eagle3_drafter(folder, layers=2, ids=IDS, draft_vocab=VOCAB)
+  model = theirs.drafter(kind, folder, **SETTINGS[kind])
   model.save_pretrained(str(root / "draft"))
   speculators.import_speculators(str(root / "draft"), str(root / "run"))
-  return model, str(root / "draft"), str(root / "run"), verifier
+  return kind, model, str(root / "draft"), str(root / "run"), verifier
 
 
-def test_imported_eagle3_logits_equal_reference_at_every_ttt_step(imported):
-  model, _, run, verifier = imported
-  tokens = np.random.default_rng(0).integers(2, 300, (1, 24))
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  aux = torch.cat([hs[i] for i in IDS], -1).numpy()
-  ref = ttt_logits(model, aux, tokens, STEPS)
-  ours = ours_ttt(run, tokens, [hs[i].numpy() for i in IDS])
-  for k in range(STEPS):
-    diff = float(np.abs(ours[k] - ref[k]).max())
-    print(f"EAGLE-3 TTT step {k}: max logit difference vs speculators {diff:.2e}")
-    assert diff < 1e-4, (k, diff)
-    assert (ours[k].argmax(-1) == ref[k].argmax(-1)).all()
-  assert eagle3_training.load_vocab(os.path.join(run, "eagle3")) == VOCAB
+def test_imported_drafter_outputs_equal_reference(imported):
+  kind, model, _, run, verifier = imported
+  diffs = compare(kind, model, run, verifier, IDS, 300, seed=0)
+  print(f"{kind}: max difference vs speculators {diffs}")
+  assert max(diffs.values()) < 1e-4, diffs
+  if kind == "eagle3":
+    assert eagle3_training.load_vocab(os.path.join(run, "eagle3")) == list(range(0, 320, 2))
+  if kind == "dspark":  # theirs has no calibration step: nor has the import
+    assert builtin.load_dspark(run, run_dir_lib.load_target(run), BLOCK)[3] == ()
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_import_then_export_is_bit_exact(imported, tmp_path, dtype):
-  model, src, run, _ = imported
-  if dtype == "bfloat16":  # what speculators' trainer saves
-    src = str(tmp_path / "bf16")
-    model.to(torch.bfloat16).save_pretrained(src)
-    model.to(torch.float32)
-    run2 = str(tmp_path / "run")
-    shutil.copytree(os.path.join(run, "target"), os.path.join(run2, "target"))
-    speculators.import_speculators(src, run2)
-    run = run2
-  out = str(tmp_path / "out")
-  speculators.export_speculators(run, "eagle3", out)
-  with open_tensors(src) as a, open_tensors(out) as b:
-    assert sorted(a.names()) == sorted(b.names())
-    for name in a.names():
-      x, y = a.read(name), b.read(name)
-      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
-  assert json.load(open(os.path.join(src, "config.json"))) == \
-      json.load(open(os.path.join(out, "config.json")))
+def test_import_then_export_is_bit_exact(imported, tmp_path):
+  kind, _, src, run, _ = imported
+  speculators.export_speculators(run, kind, str(tmp_path / "out"))
+  assert_same_checkpoint(src, str(tmp_path / "out"))
+
+
+def test_bfloat16_eagle3_import_then_export_is_bit_exact(imported, tmp_path):
+  kind, model, _, run, _ = imported
+  if kind != "eagle3":
+    pytest.skip("EAGLE-3 only")
+  src, run2 = str(tmp_path / "bf16"), str(tmp_path / "run")
+  model.to(torch.bfloat16).save_pretrained(src)  # what their trainer saves
+  model.to(torch.float32)
+  shutil.copytree(os.path.join(run, "target"), os.path.join(run2, "target"))
+  speculators.import_speculators(src, run2)
+  speculators.export_speculators(run2, "eagle3", str(tmp_path / "out"))
+  assert_same_checkpoint(src, str(tmp_path / "out"))
+
+
+ERRORS = {
+    "eagle3": [({"eagle_aux_hidden_state_layer_ids": [1, 1, 2]}, "distinct"),
+               ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, "distinct, in 0..4"),
+               ({"transformer_layer_config": {"intermediate_size": 96}}, "mlp_dim"),
+               ({"target_hidden_size": 64}, "target_hidden_size"),
+               ({"norm_before_fc": True, "fc_norm": True}, "mutually exclusive")],
+    "dflash": [({"sample_from_anchor": True}, "sample_from_anchor"),
+               ({"draft_vocab_size": 100}, "reduced draft vocabulary"),
+               ({"mask_token_id": None}, "mask_token_id"),
+               ({"aux_hidden_state_layer_ids": [0, 5]}, "distinct, in 0..4")],
+    "dspark": [({"sample_from_anchor": False}, "sample_from_anchor=False"),
+               ({"markov_head_type": "rnn"}, "'rnn' is not supported"),
+               ({"confidence_head_with_markov": False}, "confidence_head_with_markov"),
+               ({"enable_confidence_head": False}, "without a confidence head")],
+    "dflash2": [({"selector_rank": None}, "no selector_rank"),
+                ({"speculators_model_type": "peagle"}, "'peagle' cannot be imported")],
+}
 
 
 def test_import_errors_are_one_line(imported, tmp_path):
-  _, src, run, _ = imported
+  kind, _, src, run, _ = imported
   config = json.load(open(os.path.join(src, "config.json")))
-  target_cfg = run_dir_lib.load_target(run).model_cfg
-  layer = config["transformer_layer_config"]
-  for change, words in [({"eagle_aux_hidden_state_layer_ids": [1, 1, 2]}, "distinct"),
-                        ({"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}, "distinct, in 0..4"),
-                        ({"transformer_layer_config": {**layer, "intermediate_size": 96}},
-                         "mlp_dim"),
-                        ({"target_hidden_size": 64}, "target_hidden_size"),
-                        ({"norm_before_fc": True, "fc_norm": True}, "mutually exclusive")]:
-    with pytest.raises(SpecjaxError, match=words):
-      speculators.eagle3_config({**config, **change}, target_cfg, src)
   bad = tmp_path / "bad"
   shutil.copytree(src, bad)
-  json.dump({**config, "speculators_model_type": "peagle"}, open(bad / "config.json", "w"))
-  with pytest.raises(SpecjaxError, match="'peagle' cannot be imported"):
-    speculators.import_speculators(str(bad), run)
+  for change, words in ERRORS[kind]:
+    if "transformer_layer_config" in change:
+      change = {"transformer_layer_config": {**config["transformer_layer_config"],
+                                             **change["transformer_layer_config"]}}
+    json.dump({**config, **change}, open(bad / "config.json", "w"))
+    with pytest.raises(SpecjaxError, match=words):  # refused before anything is written
+      speculators.import_speculators(str(bad), run)
   with pytest.raises(SpecjaxError, match="cannot be exported"):
     speculators.export_speculators(run, "draft", str(tmp_path / "x"))
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
-  """An EAGLE-3 trained here on the tiny target (a 256-token draft vocabulary), exported to
-  the speculators format with the tiny target exported as its HF verifier."""
-  from specjax.training import registry
-  root = tmp_path_factory.mktemp("speculators_trained")
+# -- drafters trained here ---------------------------------------------------------------------
+
+
+def train_and_export(kind, tiny_run, corpus_dir, tfds_dir, root):
+  """`kind` trained briefly on the tiny target (EAGLE-3 with a 256-token draft vocabulary; the
+  block drafters with a mask token), exported with the target as the verifier; returns (run,
+  verifier folder, their model loaded from the export)."""
+  import importlib
   run = root / "run"
-  shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
-  registry.train(tiny_train_config("eagle3_tiny.py", run, template_corpus_dir, tfds_dir,
-                                   num_steps=60, log_every=20, eval_every=60, save_every=60,
-                                   learning_rate=1e-2, draft_vocab_size=256, vocab_batches=8))
+  if kind == "eagle3":
+    from specjax.training import registry
+    shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
+    registry.train(tiny_train_config("eagle3_tiny.py", run, corpus_dir, tfds_dir, num_steps=60,
+                                     log_every=20, eval_every=60, save_every=60,
+                                     learning_rate=1e-2, draft_vocab_size=256,
+                                     vocab_batches=8))
+  else:
+    train_block_drafter(tiny_run, f"{kind}_tiny.py", str(run), corpus_dir, tfds_dir,
+                        regen_sequences=64, num_steps=20, log_every=10, eval_every=20,
+                        save_every=20, block_size=BLOCK if kind == "dspark" else 8,
+                        mask_token_id=300)
   verifier = hf.export_hf(str(run), str(root / "verifier"))
   out = str(root / "speculators")
-  speculators.export_speculators(str(run), "eagle3", out, verifier)
-  from speculators.models.eagle3 import Eagle3SpeculatorConfig
-  from speculators.models.eagle3.core import Eagle3DraftModel
-  cfg = Eagle3SpeculatorConfig.from_pretrained(out)
+  speculators.export_speculators(str(run), kind, out, verifier)
+  package, config_name, model_name = theirs.CLASSES[kind]
+  cfg = getattr(importlib.import_module(f"speculators.models.{package}"),
+                config_name).from_pretrained(out)
   cfg.transformer_layer_config._attn_implementation = "eager"
-  model = Eagle3DraftModel.from_pretrained(out, config=cfg).eval()
-  return str(run), verifier, model
+  model_cls = getattr(importlib.import_module(f"speculators.models.{package}.core"), model_name)
+  return str(run), verifier, model_cls.from_pretrained(out, config=cfg).eval()
 
 
-def test_trained_eagle3_exported_loads_in_speculators_with_the_same_logits(trained):
+_TRAINED = {}
+
+
+def trained_drafter(kind, tiny_run, corpus_dir, tfds_dir, tmp_path_factory):
+  if kind not in _TRAINED:
+    _TRAINED[kind] = train_and_export(kind, tiny_run, corpus_dir, tfds_dir,
+                                      tmp_path_factory.mktemp(f"speculators_trained_{kind}"))
+  return _TRAINED[kind]
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "dspark"])
+def test_drafter_trained_here_loads_in_speculators_with_the_same_outputs(
+    kind, tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
   from transformers import AutoModelForCausalLM
-  run, verifier_dir, model = trained
-  cfg = run_dir_lib.load_config(os.path.join(run, "eagle3"))
-  ids = tuple(cfg.feature_layers) or builtin.load_eagle3(run, run_dir_lib.load_target(run))[2]
-  assert model.config.eagle_aux_hidden_state_layer_ids == list(ids)
-  assert model.draft_vocab_size == 256
+  run, verifier_dir, model = trained_drafter(kind, tiny_run, template_corpus_dir, tfds_dir,
+                                             tmp_path_factory)
+  target = run_dir_lib.load_target(run)
+  if kind == "eagle3":
+    ids = builtin.load_eagle3(run, target)[2]
+    assert model.config.eagle_aux_hidden_state_layer_ids == list(ids)
+    assert model.draft_vocab_size == 256
+  else:
+    ids = (builtin.load_dspark(run, target, BLOCK) if kind == "dspark" else
+           builtin.load_dflash(run, target, 8))[2]
+    assert model.config.aux_hidden_state_layer_ids == list(ids) and model.mask_token_id == 300
   verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
-  vocab = run_dir_lib.load_target(run).model_cfg.vocab_size
-  tokens = np.random.default_rng(1).integers(3, vocab, (1, 32))
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref = ttt_logits(model, torch.cat([hs[i] for i in ids], -1).numpy(), tokens, STEPS)
-  ours = ours_ttt(run, tokens, [hs[i].numpy() for i in ids])
-  for k in range(STEPS):
-    diff = float(np.abs(ours[k] - ref[k]).max())
-    print(f"trained EAGLE-3 TTT step {k}: max logit difference in speculators {diff:.2e}")
-    assert diff < 1e-4, (k, diff)
+  diffs = compare(kind, model, run, verifier, ids, target.model_cfg.vocab_size, seed=1,
+                  block=getattr(model, "block_size", BLOCK))
+  print(f"trained {kind} in speculators: max difference {diffs}")
+  assert max(diffs.values()) < 1e-4, diffs
 
 
 def reference_decode(model, verifier, ids, prompt, k: int, max_new: int):
@@ -179,11 +283,9 @@ def reference_decode(model, verifier, ids, prompt, k: int, max_new: int):
     end, drafts = len(seq) - 1, []
     for j in range(k):
       cur = seq + drafts
-      _, aux = hidden(cur)
-      step = ttt_logits(model, aux, np.asarray([cur]), j + 1)[j]
+      step = theirs.ttt_logits(model, hidden(cur)[1], np.asarray([cur]), j + 1)[j]
       drafts.append(int(vocab[step[end - 1].argmax()]))
-    logits, _ = hidden(seq + drafts)
-    target = logits[end:].argmax(-1)
+    target = hidden(seq + drafts)[0][end:].argmax(-1)
     m = 0
     while m < k and drafts[m] == target[m]:
       m += 1
@@ -194,11 +296,13 @@ def reference_decode(model, verifier, ids, prompt, k: int, max_new: int):
   return generated, accepted
 
 
-def test_chain_decoding_accepts_what_a_reference_loop_around_speculators_accepts(trained):
+def test_chain_decoding_accepts_what_a_reference_loop_around_speculators_accepts(
+    tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
   from transformers import AutoModelForCausalLM
   from decoding_helpers import run_spec
   from specjax.drafters.eagle3 import Eagle3Drafter
-  run, verifier_dir, model = trained
+  run, verifier_dir, model = trained_drafter("eagle3", tiny_run, template_corpus_dir, tfds_dir,
+                                             tmp_path_factory)
   verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
   target = run_dir_lib.load_target(run)
   dp, graphdef, ids = builtin.load_eagle3(run, target)
@@ -212,302 +316,7 @@ def test_chain_decoding_accepts_what_a_reference_loop_around_speculators_accepts
     r = run_spec(target.graphdef, target.params, drafter, dp, [prompt], max_new, eos=-1,
                  cache_len=64)
     assert np.asarray(r.tokens_BxN)[0, :max_new].tolist() == tokens
-    assert np.asarray(r.accept_counts).tolist() == np.bincount(accepted, minlength=k + 1).tolist()
+    assert np.asarray(r.accept_counts).tolist() == np.bincount(accepted,
+                                                               minlength=k + 1).tolist()
     accepted_any += sum(accepted)
   assert accepted_any > 0  # a trained drafter: the comparison covers acceptances
-
-
-
-# -- DFlash ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
-def imported_dflash(request, tmp_path_factory):
-  from speculators_models import dflash_drafter
-  root = tmp_path_factory.mktemp(f"speculators_dflash_{request.param}")
-  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
-                                     layers=4, vocab=320)
-  hf.import_hf(folder, str(root / "run"))
-  model = dflash_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319)
-  model.save_pretrained(str(root / "draft"))
-  speculators.import_speculators(str(root / "draft"), str(root / "run"))
-  return model, str(root / "draft"), str(root / "run"), verifier
-
-
-def test_imported_dflash_block_logits_equal_reference(imported_dflash):
-  import jax
-  from flax import nnx
-  from speculators_models import dflash_block_logits
-  model, _, run, verifier = imported_dflash
-  t, pending = 11, 17
-  tokens = np.random.default_rng(3).integers(2, 300, (1, t))
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref = dflash_block_logits(model, torch.cat([hs[i] for i in IDS], -1).numpy(), pending)
-  target = run_dir_lib.load_target(run)
-  graphdef, params, layers = builtin.load_dflash(run, target, 6)
-  assert tuple(layers) == IDS
-  one = jax.devices()[0]
-  drafter = nnx.merge(graphdef, jax.device_put(params, one))
-  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
-  positions = jnp.arange(t)[None]
-  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in IDS)),
-                           positions)
-  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 6)
-  hidden = drafter(x, jnp.arange(t, t + 6)[None], ctx, jnp.ones((1, 6, t + 6), bool))[:, 1:]
-  ours = np.asarray(drafter.draft_logits(tgt, hidden))[0]
-  diff = float(np.abs(ours - ref).max())
-  print(f"DFlash block logits: max difference vs speculators {diff:.2e}")
-  assert diff < 1e-4, diff
-  assert (ours.argmax(-1) == ref.argmax(-1)).all()
-
-
-def test_dflash_import_then_export_is_bit_exact(imported_dflash, tmp_path):
-  _, src, run, _ = imported_dflash
-  out = str(tmp_path / "out")
-  speculators.export_speculators(run, "dflash", out)
-  with open_tensors(src) as a, open_tensors(out) as b:
-    assert sorted(a.names()) == sorted(b.names())
-    for name in a.names():
-      x, y = a.read(name), b.read(name)
-      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
-  assert json.load(open(os.path.join(src, "config.json"))) == \
-      json.load(open(os.path.join(out, "config.json")))
-
-
-def test_dflash_import_errors_are_one_line(imported_dflash, tmp_path):
-  _, src, run, _ = imported_dflash
-  config = json.load(open(os.path.join(src, "config.json")))
-  bad = tmp_path / "bad"
-  shutil.copytree(src, bad)
-  for change, words in [({"sample_from_anchor": True}, "sample_from_anchor"),
-                        ({"draft_vocab_size": 100}, "reduced draft vocabulary"),
-                        ({"mask_token_id": None}, "mask_token_id"),
-                        ({"aux_hidden_state_layer_ids": [0, 5]}, "distinct, in 0..4")]:
-    json.dump({**config, **change}, open(bad / "config.json", "w"))
-    with pytest.raises(SpecjaxError, match=words):
-      speculators.import_speculators(str(bad), run)  # refused before anything is written
-
-
-@pytest.fixture(scope="module")
-def trained_dflash(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
-  """A DFlash trained here (mask token, block 8), exported with its target as the verifier and
-  loaded by speculators."""
-  from conftest import train_block_drafter
-  from speculators.models.dflash import DFlashSpeculatorConfig
-  from speculators.models.dflash.core import DFlashDraftModel
-  root = tmp_path_factory.mktemp("speculators_dflash_trained")
-  run = train_block_drafter(tiny_run, "dflash_tiny.py", str(root / "run"), template_corpus_dir,
-                            tfds_dir, regen_sequences=64, num_steps=20, log_every=10,
-                            eval_every=20, save_every=20, block_size=8, mask_token_id=300)
-  verifier = hf.export_hf(run, str(root / "verifier"))
-  out = str(root / "speculators")
-  speculators.export_speculators(run, "dflash", out, verifier)
-  cfg = DFlashSpeculatorConfig.from_pretrained(out)
-  cfg.transformer_layer_config._attn_implementation = "eager"
-  return run, verifier, DFlashDraftModel.from_pretrained(out, config=cfg).eval()
-
-
-def test_trained_dflash_exported_loads_in_speculators_with_the_same_logits(trained_dflash):
-  from flax import nnx
-  from transformers import AutoModelForCausalLM
-  from speculators_models import dflash_block_logits
-  run, verifier_dir, model = trained_dflash
-  target = run_dir_lib.load_target(run)
-  graphdef, params, layers = builtin.load_dflash(run, target, 8)
-  assert model.config.aux_hidden_state_layer_ids == list(layers)
-  assert model.block_size == 8 and model.mask_token_id == 300
-  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
-  t, pending = 13, 40
-  tokens = np.random.default_rng(4).integers(3, target.model_cfg.vocab_size, (1, t))
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref = dflash_block_logits(model, torch.cat([hs[i] for i in layers], -1).numpy(), pending)
-  drafter, tgt = nnx.merge(graphdef, params), nnx.merge(target.graphdef, target.params)
-  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in layers)),
-                           jnp.arange(t)[None])
-  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 8)
-  hidden = drafter(x, jnp.arange(t, t + 8)[None], ctx, jnp.ones((1, 8, t + 8), bool))[:, 1:]
-  ours = np.asarray(drafter.draft_logits(tgt, hidden))[0]
-  diff = float(np.abs(ours - ref).max())
-  print(f"trained DFlash block logits in speculators: max difference {diff:.2e}")
-  assert diff < 1e-4, diff
-
-
-# -- DSpark ----------------------------------------------------------------------------------
-
-
-def ours_dspark_block(run, features, prev_tokens, bs):
-  """specjax's imported DSpark on the same block: (slot logits [B, V], confidence logits [B])."""
-  import jax
-  from flax import nnx
-  target = run_dir_lib.load_target(run)
-  graphdef, params, layers, _ = builtin.load_dspark(run, target, bs)
-  one = jax.devices()[0]
-  model = nnx.merge(graphdef, jax.device_put(params, one))
-  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
-  t = features[0].shape[1]
-  ctx = model.context_kv(model.project(tuple(jnp.asarray(f) for f in features)),
-                         jnp.arange(t)[None])
-  x = model.block_inputs(tgt, jnp.asarray([[prev_tokens[0]]]), bs)
-  hidden = model(x, jnp.arange(t, t + bs)[None], ctx, jnp.ones((1, bs, t + bs), bool))
-  e = model.previous_embedding(jnp.asarray(prev_tokens)[None])
-  logits = tgt.logits(hidden) + model.markov_logits(e)
-  return np.asarray(logits)[0], np.asarray(model.confidence_logit(hidden, e))[0]
-
-
-@pytest.fixture(scope="module", params=["qwen3", "llama"])
-def imported_dspark(request, tmp_path_factory):
-  from speculators_models import dspark_drafter
-  root = tmp_path_factory.mktemp(f"speculators_dspark_{request.param}")
-  folder, verifier = save_checkpoint(str(root / "verifier"), request.param, tie=False,
-                                     layers=4, vocab=320)
-  hf.import_hf(folder, str(root / "run"))
-  model = dspark_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319,
-                         markov_rank=8)
-  model.save_pretrained(str(root / "draft"))
-  speculators.import_speculators(str(root / "draft"), str(root / "run"))
-  return model, str(root / "draft"), str(root / "run"), verifier
-
-
-def test_imported_dspark_logits_and_confidences_equal_reference(imported_dspark):
-  from speculators_models import dspark_block
-  model, _, run, verifier = imported_dspark
-  t = 9
-  tokens = np.random.default_rng(5).integers(2, 300, (1, t))
-  prev = [17, 4, 250, 9, 33, 120]  # the anchor, then the drafts each slot follows
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref_logits, ref_conf = dspark_block(model, torch.cat([hs[i] for i in IDS], -1).numpy(), prev)
-  logits, conf = ours_dspark_block(run, [hs[i].numpy() for i in IDS], prev, 6)
-  target = run_dir_lib.load_target(run)
-  assert builtin.load_dspark(run, target, 6)[3] == ()  # theirs has no calibration step
-  diff = float(np.abs(logits - ref_logits).max())
-  conf_diff = float(np.abs(conf - ref_conf).max())
-  print(f"DSpark slot logits: max difference vs speculators {diff:.2e}; confidence logits "
-        f"{conf_diff:.2e}")
-  assert diff < 1e-4 and conf_diff < 1e-4, (diff, conf_diff)
-  assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
-
-
-def test_dspark_import_then_export_is_bit_exact(imported_dspark, tmp_path):
-  _, src, run, _ = imported_dspark
-  out = str(tmp_path / "out")
-  speculators.export_speculators(run, "dspark", out)
-  with open_tensors(src) as a, open_tensors(out) as b:
-    assert sorted(a.names()) == sorted(b.names())
-    for name in a.names():
-      x, y = a.read(name), b.read(name)
-      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
-  assert json.load(open(os.path.join(src, "config.json"))) == \
-      json.load(open(os.path.join(out, "config.json")))
-
-
-def test_dspark_import_errors_are_one_line(imported_dspark, tmp_path):
-  _, src, run, _ = imported_dspark
-  config = json.load(open(os.path.join(src, "config.json")))
-  bad = tmp_path / "bad"
-  shutil.copytree(src, bad)
-  for change, words in [({"sample_from_anchor": False}, "sample_from_anchor=False"),
-                        ({"markov_head_type": "rnn"}, "'rnn' is not supported"),
-                        ({"confidence_head_with_markov": False}, "confidence_head_with_markov"),
-                        ({"enable_confidence_head": False}, "without a confidence head")]:
-    json.dump({**config, **change}, open(bad / "config.json", "w"))
-    with pytest.raises(SpecjaxError, match=words):
-      speculators.import_speculators(str(bad), run)
-
-
-@pytest.fixture(scope="module")
-def trained_dspark(tiny_run, template_corpus_dir, tfds_dir, tmp_path_factory):
-  from conftest import train_block_drafter
-  from speculators.models.dspark import DSparkSpeculatorConfig
-  from speculators.models.dspark.core import DSparkDraftModel
-  root = tmp_path_factory.mktemp("speculators_dspark_trained")
-  run = train_block_drafter(tiny_run, "dspark_tiny.py", str(root / "run"), template_corpus_dir,
-                            tfds_dir, regen_sequences=64, num_steps=20, log_every=10,
-                            eval_every=20, save_every=20, block_size=6, mask_token_id=300,
-                            markov_rank=8)
-  verifier = hf.export_hf(run, str(root / "verifier"))
-  out = str(root / "speculators")
-  speculators.export_speculators(run, "dspark", out, verifier)
-  cfg = DSparkSpeculatorConfig.from_pretrained(out)
-  cfg.transformer_layer_config._attn_implementation = "eager"
-  return run, verifier, DSparkDraftModel.from_pretrained(out, config=cfg).eval()
-
-
-def test_trained_dspark_exported_loads_in_speculators_with_the_same_logits(trained_dspark):
-  from transformers import AutoModelForCausalLM
-  from speculators_models import dspark_block
-  run, verifier_dir, model = trained_dspark
-  target = run_dir_lib.load_target(run)
-  layers = builtin.load_dspark(run, target, 6)[2]
-  assert model.config.aux_hidden_state_layer_ids == list(layers) and model.block_size == 6
-  verifier = AutoModelForCausalLM.from_pretrained(verifier_dir, dtype=torch.float32).eval()
-  tokens = np.random.default_rng(6).integers(3, target.model_cfg.vocab_size, (1, 12))
-  prev = [40, 41, 42, 7, 8, 9]
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref_logits, ref_conf = dspark_block(model, torch.cat([hs[i] for i in layers], -1).numpy(),
-                                      prev)
-  logits, conf = ours_dspark_block(run, [hs[i].numpy() for i in layers], prev, 6)
-  diff = max(float(np.abs(logits - ref_logits).max()), float(np.abs(conf - ref_conf).max()))
-  print(f"trained DSpark in speculators: max logit / confidence difference {diff:.2e}")
-  assert diff < 1e-4, diff
-
-
-# -- DFlash 2 -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def imported_dflash2(tmp_path_factory):
-  from speculators_models import dflash2_drafter
-  root = tmp_path_factory.mktemp("speculators_dflash2")
-  folder, verifier = save_checkpoint(str(root / "verifier"), "qwen3", tie=False, layers=4,
-                                     vocab=320)
-  hf.import_hf(folder, str(root / "run"))
-  model = dflash2_drafter(folder, layers=2, ids=IDS, block_size=6, mask_token_id=319)
-  model.save_pretrained(str(root / "draft"))
-  speculators.import_speculators(str(root / "draft"), str(root / "run"))
-  return model, str(root / "draft"), str(root / "run"), verifier
-
-
-def test_imported_dflash2_logits_and_selector_scores_equal_reference(imported_dflash2):
-  import jax
-  from flax import nnx
-  from speculators_models import dflash2_block
-  model, src, run, verifier = imported_dflash2
-  t, pending = 10, 21
-  predecessors = [21, 5, 77, 140, 3]  # slot k's predecessor (the anchor, then drafts)
-  tokens = np.random.default_rng(7).integers(2, 300, (1, t))
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  ref_unary, ref_cand, ref_scores = dflash2_block(
-      model, torch.cat([hs[i] for i in IDS], -1).numpy(), pending, predecessors)
-  target = run_dir_lib.load_target(run)
-  graphdef, params, layers = builtin.load_dflash(run, target, 6, "dflash2")
-  one = jax.devices()[0]
-  drafter = nnx.merge(graphdef, jax.device_put(params, one))
-  tgt = nnx.merge(target.graphdef, jax.device_put(target.params, one))
-  ctx = drafter.context_kv(drafter.project(tuple(jnp.asarray(hs[i].numpy()) for i in IDS)),
-                           jnp.arange(t)[None])
-  x = drafter.block_inputs(tgt, jnp.asarray([[pending]]), 6)
-  hidden = drafter(x, jnp.arange(t, t + 6)[None], ctx, jnp.ones((1, 6, t + 6), bool))[:, 1:]
-  unary = drafter.draft_logits(tgt, hidden)
-  sel = drafter.candidate_selector
-  u, cand = sel.candidates(unary)
-  scores = u + sel.pair_scores(hidden, jnp.asarray([predecessors]), cand)
-  diffs = (float(np.abs(np.asarray(unary)[0] - ref_unary).max()),
-           float(np.abs(np.asarray(scores)[0] - ref_scores).max()))
-  print(f"DFlash 2 unary logits / selector scores: max difference vs speculators "
-        f"{diffs[0]:.2e} / {diffs[1]:.2e}")
-  assert max(diffs) < 1e-4, diffs
-  assert (np.asarray(cand)[0] == ref_cand).all()
-  out = str(src) + "_export"
-  speculators.export_speculators(run, "dflash2", out)  # and back, bit for bit
-  with open_tensors(src) as a, open_tensors(out) as b:
-    assert sorted(a.names()) == sorted(b.names())
-    for name in a.names():
-      assert np.array_equal(a.read(name), b.read(name)) and \
-          a.read(name).dtype == b.read(name).dtype, name
-  assert json.load(open(os.path.join(src, "config.json"))) == \
-      json.load(open(os.path.join(out, "config.json")))

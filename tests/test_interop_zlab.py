@@ -13,10 +13,10 @@ from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.interop import zlab
-from specjax.interop.safetensors_io import open_tensors
 
 dflash_model = pytest.importorskip("dflash.model")
 
+from hf_models import assert_same_checkpoint  # noqa: E402
 from zlab_models import (IDS, VOCAB, block_passes, save_target_run,  # noqa: E402
                          zlab_drafter)
 
@@ -45,17 +45,10 @@ def test_imported_drafter_logits_equal_reference(imported):
 def test_import_then_export_is_exact(imported, tmp_path):
   _, src, run, _ = imported
   zlab.export_dflash(run, str(tmp_path))
-  with open_tensors(src) as a, open_tensors(str(tmp_path)) as b:
-    assert sorted(a.names()) == sorted(b.names())
-    for name in a.names():
-      x, y = a.read(name), b.read(name)
-      assert x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y), name
-  theirs = json.load(open(os.path.join(src, "config.json")))
-  ours = json.load(open(os.path.join(tmp_path, "config.json")))
-  for key in ("num_target_layers", "block_size", "dflash_config", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-              "rms_norm_eps", "hidden_size"):
-    assert ours[key] == theirs[key], key
+  assert_same_checkpoint(src, str(tmp_path), (
+      "num_target_layers", "block_size", "dflash_config", "num_hidden_layers",
+      "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+      "rms_norm_eps", "hidden_size"))
   reloaded = dflash_model.DFlashDraftModel.from_pretrained(str(tmp_path))  # theirs loads it
   assert reloaded.target_layer_ids == IDS and reloaded.mask_token_id == VOCAB - 1
 

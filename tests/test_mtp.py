@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from conftest import tiny_train_config
-from decoding_helpers import (drive_drafter, random_prompts, run_ar, run_spec, tiny_model,
-                              to_lists)
+from decoding_helpers import (drive_drafter, perturbed, random_prompts, run_ar, run_spec,
+                              tiny_model, to_lists)
 from specjax.methods import builtin
 from specjax import run_dir as run_dir_lib
 from specjax.sampling import Sampler
@@ -24,20 +24,13 @@ from specjax.training import registry
 VOCAB = 61
 
 
-def perturb(params, seed, scale=0.3):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
-                                   for x, k in zip(leaves, keys)])
-
-
 @pytest.fixture(scope="module")
 def setup():
   g, p = tiny_model(VOCAB, seed=0)
   cfg = nnx.merge(g, p).cfg
   hg, hp = nnx.split(ParallelHeads(cfg.d_model, 4, rngs=nnx.Rngs(1)), nnx.Param)
   sg, sp = nnx.split(SequentialModules(cfg, 4, rngs=nnx.Rngs(2)), nnx.Param)
-  return (g, p), (hg, perturb(hp, 3)), (sg, sp)
+  return (g, p), (hg, perturbed(hp, 3)), (sg, sp)
 
 
 def drafter_of(variant, k, setup):

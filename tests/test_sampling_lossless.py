@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 import broken_verifiers
-from decoding_helpers import run_ar, run_spec, tiny_model
+from decoding_helpers import perturbed, run_ar, run_spec, tiny_model
 from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
 from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
@@ -62,13 +62,6 @@ def empirical(result, steps=STEPS):
 
 def tv(a, b):
   return 0.5 * np.abs(np.asarray(a) - np.asarray(b)).sum()
-
-
-def perturbed(params, seed, scale):
-  leaves, tree = jax.tree.flatten(params)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  return jax.tree.unflatten(tree, [x + scale * jax.random.normal(k, x.shape)
-                                   for x, k in zip(leaves, keys)])
 
 
 SAMPLERS = [Sampler(1.0), Sampler(0.8, top_k=5, top_p=0.9)]
