@@ -82,10 +82,12 @@ class DFlashModel(nnx.Module):
   def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
                rngs: nnx.Rngs, layer_cfg: TransformerConfig | None = None,
                mask_token_id: int | None = None, output_multiplier: float = 1.0,
-               logit_softcap: float = 0.0, embedding_scale: float = 1.0):
+               logit_softcap: float = 0.0, embedding_scale: float = 1.0, make_layer=None):
     """cfg: the target's shape. layer_cfg: the drafter layers' shape (d_model = the target's;
     default: the target's own). mask_token_id: mask slots are the target's embedding of this
-    token (None: a learned mask vector). embedding_scale multiplies the block's embeddings."""
+    token (None: a learned mask vector). embedding_scale multiplies the block's embeddings.
+    make_layer(layer_cfg, rngs): one block layer (default DFlashLayer; DFlash 2 passes its
+    convolution-wrapped layer)."""
     layer_cfg = layer_cfg or cfg
     if layer_cfg.d_model != cfg.d_model:
       raise ValueError(f"drafter d_model {layer_cfg.d_model} != target d_model {cfg.d_model}")
@@ -101,7 +103,8 @@ class DFlashModel(nnx.Module):
     self.fc_norm = RMSNorm(d, eps=eps, param_dtype=pd, rngs=rngs)
     if mask_token_id is None:
       self.mask_embedding = param(rngs, nnx.initializers.normal(d**-0.5), (d,), ("embed",), pd)
-    self.layers = nnx.List([DFlashLayer(layer_cfg, rngs=rngs) for _ in range(num_layers)])
+    make_layer = make_layer or (lambda c, rngs: DFlashLayer(c, rngs=rngs))
+    self.layers = nnx.List([make_layer(layer_cfg, rngs) for _ in range(num_layers)])
     self.final_norm = RMSNorm(d, eps=eps, param_dtype=pd, rngs=rngs)
 
   def project(self, features) -> jax.Array:

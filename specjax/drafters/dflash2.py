@@ -144,10 +144,10 @@ class DFlash2Model(dflash.DFlashModel):
   def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
                rngs: nnx.Rngs, conv_kernel_size: int = 2, conv_group_size: int = 16,
                selector_rank: int = 64, selector_top_k: int = 16, **kwargs):
-    super().__init__(cfg, num_layers, num_features, rngs=rngs, **kwargs)
+    super().__init__(cfg, num_layers, num_features, rngs=rngs, **kwargs,
+                     make_layer=lambda c, rngs: DFlash2Layer(c, conv_kernel_size,
+                                                             conv_group_size, rngs=rngs))
     layer_cfg = self.layer_cfg
-    self.layers = nnx.List([DFlash2Layer(layer_cfg, conv_kernel_size, conv_group_size,
-                                         rngs=rngs) for _ in range(num_layers)])
     self.candidate_selector = CandidateSelector(cfg.d_model, cfg.vocab_size, selector_rank,
                                                 selector_top_k, rngs=rngs,
                                                 param_dtype=layer_cfg.weight_dtype)
