@@ -14,7 +14,6 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, perturbed, random_prompts, run_ar, run_spec,
                               tiny_model, to_lists)
-from specjax import run_dir as run_dir_lib
 from specjax.drafters.eagle3 import (Eagle3Drafter, Eagle3Model, default_feature_layers_eagle3)
 from specjax.errors import SpecjaxError
 from specjax.sampling import Sampler

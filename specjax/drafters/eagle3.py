@@ -113,9 +113,6 @@ class Eagle3Model(nnx.Module):
       x = self.input_norm(x)
     return x @ self.fc[...].astype(dt)
 
-  def layer_inputs(self, layer: Eagle3Layer, x_BxTxD, emb_BxTxD):
-    return layer.attention_input(x_BxTxD, emb_BxTxD)
-
   def output(self, h_BxTxD):
     """(normed hidden for the LM head, the hidden the next chained entry reads)."""
     normed = self.final_norm(h_BxTxD)

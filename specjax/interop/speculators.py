@@ -42,14 +42,6 @@ VERSION = "0.9.0"  # the speculators release this format follows
 VERIFIER_TENSORS = ("embed_tokens.weight", "lm_head.weight", "d2t", "t2d")
 
 
-def _read_json(path):
-  return hf_config.read_json(path)
-
-
-def _target(run_dir: str):
-  return run_dir_lib.load_target(run_dir)
-
-
 def eagle3_table(cfg, qk_norm: bool) -> dict[str, tuple[tuple, int]]:
   """speculators EAGLE-3 tensor name -> (specjax parameter path, n_in)."""
   table = {"fc.weight": (("fc",), 1), "norm.weight": (("final_norm", "scale"), 0)}
@@ -109,19 +101,13 @@ def eagle3_config(spec: dict, target_cfg, source: str) -> ml_collections.ConfigD
   })
 
 
-def _head_rows(target) -> np.ndarray:
-  """The target's LM head as [V, D] rows (its embedding when tied)."""
-  from flax import nnx
-  flat = dict(nnx.to_flat_state(target.params))
+def _verifier_tensors(target) -> tuple[np.ndarray, np.ndarray]:
+  """The target's embedding [V, D] and LM head as [V, D] rows (the embedding when tied)."""
+  flat = drafter_io.flat(target.params)
+  embedding = np.asarray(flat[("embedding",)].get_value(), np.float32)
   if target.model_cfg.tie_embeddings:
-    return np.asarray(flat[("embedding",)].get_value(), np.float32)
-  return np.asarray(flat[("lm_head",)].get_value(), np.float32).T
-
-
-def _embedding(target) -> np.ndarray:
-  from flax import nnx
-  return np.asarray(dict(nnx.to_flat_state(target.params))[("embedding",)].get_value(),
-                    np.float32)
+    return embedding, embedding
+  return embedding, np.asarray(flat[("lm_head",)].get_value(), np.float32).T
 
 
 def _draft_vocab(reader, src: str, vocab_size: int, size: int):
@@ -152,7 +138,7 @@ def _same(src, name, theirs, ours):
 def import_eagle3(src: str, run_dir: str, spec: dict):
   from specjax.drafters import eagle3
   from specjax.training.eagle3 import save_vocab
-  target = _target(run_dir)
+  target = run_dir_lib.load_target(run_dir)
   target_cfg = target.model_cfg
   cfg = eagle3_config(spec, target_cfg, src)
   table = eagle3_table(cfg, target_cfg.qk_norm)
@@ -163,9 +149,9 @@ def import_eagle3(src: str, run_dir: str, spec: dict):
     params, dtypes = drafter_io.read_params(reader, src, table, abstract,
                                             f"a {cfg.num_layers}-layer EAGLE-3",
                                             extra_ok=VERIFIER_TENSORS)
-    rows = _head_rows(target)
+    embedding, rows = _verifier_tensors(target)
     if "embed_tokens.weight" in reader:
-      _same(src, "embed_tokens.weight", reader.read("embed_tokens.weight"), _embedding(target))
+      _same(src, "embed_tokens.weight", reader.read("embed_tokens.weight"), embedding)
     if "lm_head.weight" in reader:
       _same(src, "lm_head.weight", reader.read("lm_head.weight"),
             rows if vocab is None else rows[vocab])
@@ -184,7 +170,7 @@ def _transformer_layer_config(run_dir: str, target, num_layers: int) -> dict:
   depth: speculators builds the draft layers from it."""
   kept = os.path.join(run_dir_lib.model_dir(run_dir, "target"), "hf", "config.json")
   if os.path.exists(kept):
-    layer = _read_json(kept)
+    layer = hf_config.read_json(kept)
   else:
     layer = hf_config.from_specjax(target.model_cfg, run_dir_lib.load_special_ids(run_dir),
                                    int(target.config.get("seq_len", 0) or 4096))
@@ -221,13 +207,13 @@ def export_eagle3(run_dir: str, out_dir: str, verifier: str | None = None):
   from specjax.training.eagle3 import load_vocab
   folder = run_dir_lib.require_model_dir(run_dir, "eagle3")
   cfg = run_dir_lib.load_config(folder)
-  target = _target(run_dir)
+  target = run_dir_lib.load_target(run_dir)
   abstract = drafter_io.abstract_params(eagle3.build_model, cfg, target.model_cfg)
   params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
   vocab = load_vocab(folder)
-  rows = _head_rows(target)
-  extra = {"embed_tokens.weight": _embedding(target).astype(dtype),
+  embedding, rows = _verifier_tensors(target)
+  extra = {"embed_tokens.weight": embedding.astype(dtype),
            "lm_head.weight": (rows if vocab is None else rows[vocab]).astype(dtype)}
   if vocab is not None:
     ids = np.asarray(vocab, np.int64)
@@ -438,7 +424,7 @@ def _export_block(run_dir: str, out_dir: str, verifier, method: str, architectur
     if float(cfg.get(key, off)) != off:
       raise SpecjaxError(f"speculators' {method} has no {key} (this drafter's is "
                          f"{cfg.get(key)})")
-  target = _target(run_dir)
+  target = run_dir_lib.load_target(run_dir)
   abstract = drafter_io.abstract_params(build, cfg, target.model_cfg)
   params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
@@ -520,7 +506,7 @@ EXPORTERS = {"eagle3": export_eagle3, "dflash": export_dflash, "dspark": export_
 
 def import_speculators(src: str, run_dir: str):
   """A speculators checkpoint folder -> run_dir/<method>/."""
-  spec = _read_json(os.path.join(src, "config.json"))
+  spec = hf_config.read_json(os.path.join(src, "config.json"))
   kind = spec.get("speculators_model_type")
   if kind not in IMPORTERS:
     raise SpecjaxError(f"{src}: speculators_model_type '{kind}' cannot be imported; supported: "
