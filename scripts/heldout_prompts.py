@@ -27,9 +27,11 @@ def heldout_prompts(run_dir: str, count: int) -> list[str]:
       meta = json.load(f)
     if meta.get("split") == "validation":
       rows = np.load(meta_path[:-len(".json")] + ".npy")
+      lens_path = meta_path[:-len(".json")] + ".lens.npy"  # chat prompts: one length per row
+      lens = np.load(lens_path) if os.path.exists(lens_path) else [meta["prompt_len"]] * len(rows)
       tok = run_dir_lib.load_tokenizer(root)
-      return [tokenizer_lib.decode(tok, [int(t) for t in row[:meta["prompt_len"]]])
-              for row in rows[:count]]
+      return [tokenizer_lib.decode(tok, [int(t) for t in row[:n]])
+              for row, n in zip(rows[:count], lens)]
   raise SpecjaxError(f"{root}/regenerated holds no validation rows; train a drafter with "
                      "train_on=regenerated first")
 
