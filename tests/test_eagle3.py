@@ -14,7 +14,8 @@ from flax import nnx
 from conftest import tiny_train_config
 from decoding_helpers import (drive_drafter, perturbed, random_prompts, run_ar, run_spec,
                               tiny_model, to_lists)
-from specjax.drafters.eagle3 import (Eagle3Drafter, Eagle3Model, default_feature_layers_eagle3)
+from specjax.drafters.eagle3 import (Eagle3Drafter, Eagle3Model, default_feature_layers_eagle3,
+                                     draft_logits, head_rows)
 from specjax.errors import SpecjaxError
 from specjax.sampling import Sampler
 from specjax.training import eagle3 as eagle3_training
@@ -38,8 +39,29 @@ def setup():
   return (g, p), models, vocab
 
 
-def params_of(mp, vocab):
-  return {"model": mp} if vocab is None else {"model": mp, "vocab": vocab}
+def params_of(mp, vocab, target=None):
+  """With a vocabulary and the target: the head rows too, as decode.py loads them."""
+  if vocab is None:
+    return {"model": mp}
+  if target is None:
+    return {"model": mp, "vocab": vocab}
+  return {"model": mp, "vocab": vocab, "head": head_rows(nnx.merge(*target), vocab)}
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_head_rows_give_the_full_heads_logits_at_the_draft_vocabulary(setup, packed):
+  (g, p), _, vocab = setup
+  from specjax.models import weights
+  if packed:
+    p = weights.pack_state(p)
+  target = nnx.merge(g, p)
+  h = jax.random.normal(jax.random.key(0), (2, 3, target.cfg.d_model))
+  full = np.asarray(target.logits(h))[..., np.asarray(vocab)]
+  np.testing.assert_allclose(np.asarray(target.logits(h, vocab)), full, rtol=1e-5, atol=1e-5)
+  rows = head_rows(target, vocab)
+  assert rows.shape == (len(vocab), target.cfg.d_model)
+  np.testing.assert_allclose(np.asarray(draft_logits(target, h, vocab, rows)), full, rtol=1e-5,
+                             atol=1e-5)
 
 
 @pytest.mark.parametrize("batch", [1, 4])
@@ -52,7 +74,8 @@ def test_greedy_eagle3_equals_ar(setup, batch, with_vocab):
     drafter = Eagle3Drafter(k, graphdef=mg, target_feature_layers=LAYERS)
     for i in range(0, 8, batch):
       chunk = prompts[i:i + batch]
-      assert to_lists(run_spec(g, p, drafter, params_of(mp, vocab if with_vocab else None),
+      assert to_lists(run_spec(g, p, drafter,
+                               params_of(mp, vocab if with_vocab else None, (g, p)),
                                chunk, 20), 0) == to_lists(run_ar(g, p, chunk, 20), 0)
 
 
@@ -84,7 +107,7 @@ def test_cached_chain_equals_training_time_test(setup, variant, with_vocab):
     return jnp.stack(drafts, 1)
 
   drafter = Eagle3Drafter(k, graphdef=mg, target_feature_layers=LAYERS)
-  accepted = drive_drafter(g, p, drafter, params_of(mp, vocab),
+  accepted = drive_drafter(g, p, drafter, params_of(mp, vocab, (g, p)),
                            random_prompts(3, V, seed=11, min_len=1), 8, reference, cache_len=64,
                            accept_schedule=[0, 3, 1, 2, 3, 0, 2, 1])
   assert set(accepted.ravel().tolist()) == {0, 1, 2, 3}

@@ -34,6 +34,7 @@ from flax import nnx, struct
 
 from specjax.drafters.base import Context, Drafter, Prefill, Verified
 from specjax.models import LayerKV, default_feature_layers, read_rows, write_rows
+from specjax.models import weights
 from specjax.models.layers import (MLP, Attention, RMSNorm, TransformerConfig, fan_in_init,
                                    param)
 
@@ -139,10 +140,24 @@ def build_model(cfg, target_cfg: TransformerConfig, rngs: nnx.Rngs) -> Eagle3Mod
                      norm_output=bool(cfg.get("norm_output", False)))
 
 
-def draft_logits(target, normed_BxTxD, vocab_ids_V=None):
-  """The target's LM head on the drafter's normed hidden, over the draft vocabulary."""
-  logits = target.logits(normed_BxTxD)
-  return logits if vocab_ids_V is None else jnp.take(logits, vocab_ids_V, axis=-1)
+def draft_logits(target, normed_BxTxD, vocab_ids_V=None, head_VxD=None):
+  """The target's LM head on the drafter's normed hidden, over the draft vocabulary: from the
+  head's rows `head_VxD` when given (`head_rows`, computed once at load), else the target's."""
+  if head_VxD is None:
+    return target.logits(normed_BxTxD, vocab_ids_V)
+  return jnp.einsum("btd,vd->btv", normed_BxTxD, head_VxD.astype(normed_BxTxD.dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def head_rows(target, vocab_ids_V):
+  """[Vd, D] float32: the target's LM head rows of the draft vocabulary (its `logits` over
+  them are hidden . rows): a decode step then reads Vd rows, not the whole head."""
+  tied = target.cfg.tie_embeddings
+  w = weights.value(target.embedding if tied else target.lm_head)
+  if isinstance(w, weights.PackedWeight):
+    return w.rows(vocab_ids_V)
+  w = w.astype(jnp.float32)
+  return jnp.take(w, vocab_ids_V, axis=0) if tied else jnp.take(w, vocab_ids_V, axis=1).T
 
 
 @struct.dataclass
@@ -153,7 +168,8 @@ class Eagle3State:
 
 @dataclasses.dataclass(frozen=True)
 class Eagle3Drafter(Drafter):
-  """params: {"model": the Eagle3Model state, "vocab": int32 [Vd] target ids (optional)}."""
+  """params: {"model": the Eagle3Model state, "vocab": int32 [Vd] target ids (optional), and
+  with it "head": float32 [Vd, D], the target's head rows of those ids (optional)}."""
   graphdef: nnx.GraphDef = None
   target_feature_layers: tuple[int, ...] = ()
 
@@ -182,7 +198,7 @@ class Eagle3Drafter(Drafter):
 
   def propose(self, params, target, state: Eagle3State, ctx: Context, sampler, rng):
     model = nnx.merge(self.graphdef, params["model"])
-    vocab = params.get("vocab")
+    vocab, head = params.get("vocab"), params.get("head")
     big_k, end = self.num_draft_tokens, ctx.end_B
     width = big_k + 1
     start = jnp.maximum(end - width, 0)
@@ -196,7 +212,7 @@ class Eagle3Drafter(Drafter):
     drafts, qs = [], []
     for k in range(big_k):
       normed, feedback = model.output(h)
-      logits = draft_logits(target, normed, vocab)[:, 0]
+      logits = draft_logits(target, normed, vocab, head)[:, 0]
       d = sampler.sample(logits, rngs[k])
       if not sampler.greedy:
         q = sampler.probs(logits)

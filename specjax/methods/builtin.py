@@ -189,6 +189,7 @@ def load_eagle3(run_dir: str, target):
   if vocab is not None:
     import jax.numpy as jnp
     drafter_params["vocab"] = jnp.asarray(vocab, jnp.int32)
+    drafter_params["head"] = eagle3.head_rows(target.module(), drafter_params["vocab"])
   return drafter_params, graphdef, eagle3.feature_layers(cfg, target.model_cfg.num_layers)
 
 

@@ -50,12 +50,13 @@ class Transformer(nnx.Module):
   def embed(self, tokens_BxT):
     return weights.embed(self.embedding, tokens_BxT, self.cfg.compute_dtype)
 
-  def logits(self, hidden_BxTxD):
+  def logits(self, hidden_BxTxD, vocab_ids_V=None):
     """LM head (tied or not); logits are accumulated and returned in float32, whatever the
-    compute dtype, so bf16 models do not round the logits that sampling compares."""
+    compute dtype, so bf16 models do not round the logits that sampling compares. With
+    vocab_ids_V: only those entries' logits (a reduced draft vocabulary), in that order."""
     tied = self.cfg.tie_embeddings
     return weights.lm_head(hidden_BxTxD, self.embedding if tied else self.lm_head, tied,
-                           self.cfg.compute_dtype)
+                           self.cfg.compute_dtype, vocab_ids_V)
 
   def init_cache(self, batch: int, length: int) -> KVCache:
     cfg = self.cfg

@@ -117,9 +117,17 @@ def project(x_BxTxK, param, equation: str, dtype, weight_shape=None):
   return jnp.einsum(equation, x_BxTxK, w)
 
 
-def lm_head(h_BxTxD, param, transposed: bool, dtype):
-  """Logits in float32: h times the embedding's transpose (`transposed`, tied) or lm_head."""
+def lm_head(h_BxTxD, param, transposed: bool, dtype, vocab_ids_V=None):
+  """Logits in float32: h times the embedding's transpose (`transposed`, tied) or lm_head;
+  with vocab_ids_V, only those vocabulary entries' columns (a reduced draft vocabulary)."""
   w = value(param)
+  if vocab_ids_V is not None:
+    if isinstance(w, PackedWeight):
+      w_VxD = w.rows(vocab_ids_V)
+    else:
+      w_VxD = jnp.take(w, vocab_ids_V, axis=0) if transposed else jnp.take(w, vocab_ids_V, 1).T
+    return jnp.einsum("btd,vd->btv", h_BxTxD, w_VxD.astype(dtype),
+                      preferred_element_type=jnp.float32)
   if isinstance(w, PackedWeight):
     lead = h_BxTxD.shape[:-1]
     y = cpu.matmul(h_BxTxD.reshape(-1, h_BxTxD.shape[-1]), w)

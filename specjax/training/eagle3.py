@@ -80,8 +80,9 @@ def eagle3_loss(graphdef, target_graphdef, cfg, layers, vocab):
     target = nnx.merge(target_graphdef, frozen)
     model = nnx.merge(graphdef, params)
     tokens, seg, pos = batch["tokens"], batch["segment_ids"], batch["positions"]
-    out = jax.lax.stop_gradient(feature_cache.target_output(target, batch, layers))
-    p_logits = out.logits_BxTxV if vocab_V is None else out.logits_BxTxV[..., vocab_V]
+    out = jax.lax.stop_gradient(feature_cache.target_output(target, batch, layers,
+                                                            compute_logits=vocab_V is None))
+    p_logits = out.logits_BxTxV if vocab_V is None else target.logits(out.hidden_BxTxD, vocab_V)
     total, metrics, weight = 0.0, {}, None
     for k, logits in enumerate(ttt_logits(model, target, out.features, tokens, pos, seg, steps,
                                           vocab_V)):
