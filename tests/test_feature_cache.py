@@ -213,3 +213,27 @@ def test_a_cached_run_trains(name, folder, extra, run, template_corpus_dir, tfds
   assert json.load(open(os.path.join(run, folder, budget.FILE))) == decided
   for a, b in zip(jax.tree.leaves(trained), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_stored_cache_is_built_once_and_shared(run, tmp_path):
+  # DFlash (no hidden states), then DSpark (hidden states) on the same rows and layers: the
+  # second reads the first's store; other layers or other rows build their own
+  target = run_dir_lib.load_target(run)
+  rows = np.random.default_rng(1).integers(3, 60, size=(6, 12)).astype(np.int32)
+  batches = [regenerate.as_batch(rows[:4]), regenerate.as_batch(rows[4:])]
+  first = feature_cache.Builder(target, (1, 2), with_hidden=False, folder=str(tmp_path))
+  built = first(batches)
+  assert first.loaded == [] and first.seconds > 0 and feature_cache.HIDDEN in built
+  second = feature_cache.Builder(target, (1, 2), with_hidden=True, folder=str(tmp_path))
+  read = second(batches)
+  assert len(second.loaded) == 1 and second.seconds == 0.0
+  for name in (feature_cache.FEATURES, feature_cache.HIDDEN):
+    np.testing.assert_array_equal(np.asarray(read[name]), built[name])
+  assert feature_cache.report("dspark", second) == 0.0  # shared: out of the budget
+  other = feature_cache.Builder(target, (2,), with_hidden=True, folder=str(tmp_path))
+  other(batches)
+  assert other.loaded == []
+  rows[5, 3] += 1  # one token changed: another store
+  changed = feature_cache.Builder(target, (1, 2), with_hidden=True, folder=str(tmp_path))
+  changed([regenerate.as_batch(rows[:4]), regenerate.as_batch(rows[4:])])
+  assert changed.loaded == [] and len(os.listdir(tmp_path)) == 3

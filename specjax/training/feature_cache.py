@@ -11,10 +11,19 @@ cache comes out of a wall-clock budget (budget.json records it), so equal budget
 
 Memory: rows x seq_len x (feature layers [+ 1 for the hidden states]) x d_model x 4 bytes
 (3.3 GB for the reference experiment's DFlash). Only for regenerated rows and a frozen target.
+
+`--config.feature_cache_store=True` keeps the cache in run_dir/feature_cache/ (with the hidden
+states, read back memory-mapped), keyed by the rows' tokens, the layers and the target's
+step: every later drafter reading the same layers of the same rows (DFlash, DSpark and
+DFlash 2) loads it instead of rebuilding it. The build is then a shared one-time cost, like the
+regenerated rows themselves, and comes out of no drafter's budget (each run prints it).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
 
 import jax
@@ -44,9 +53,12 @@ class Builder:
   [N, T, D]} from one jitted pass of the frozen target per batch of rows; `seconds` is the
   time those passes took."""
 
-  def __init__(self, target, layers: tuple[int, ...], with_hidden: bool):
-    self.target, self.layers, self.with_hidden = target, tuple(layers), with_hidden
+  def __init__(self, target, layers: tuple[int, ...], with_hidden: bool, folder: str = ""):
+    self.target, self.layers, self.with_hidden = target, tuple(layers), with_hidden or bool(folder)
+    self.folder = folder  # stored there (shared; not counted in a budget) when set
     self.seconds = 0.0
+    self.loaded = []  # the stored caches read instead of built
+    with_hidden = self.with_hidden
 
     @jax.jit
     def run(params, tokens, positions, seg):
@@ -57,7 +69,31 @@ class Builder:
       return feats, out.hidden_BxTxD if with_hidden else None
     self._run = run
 
+  def key(self, batches) -> str:
+    h = hashlib.md5(json.dumps({"layers": self.layers, "hidden": self.with_hidden,
+                                "target_step": self.target.step}).encode())
+    for b in batches:
+      for name in ("tokens", "positions", "segment_ids"):
+        h.update(np.ascontiguousarray(b[name], np.int32).tobytes())
+    return h.hexdigest()[:16]
+
   def __call__(self, batches) -> dict:
+    if not self.folder:
+      return self._build(batches)
+    path = os.path.join(self.folder, self.key(batches))
+    if not os.path.exists(os.path.join(path, "done")):
+      out = self._build(batches)
+      if jax.process_index() == 0:  # written whole, then marked done: a killed write is redone
+        os.makedirs(path, exist_ok=True)
+        for name, value in out.items():
+          np.save(os.path.join(path, name + ".npy"), value)
+        open(os.path.join(path, "done"), "w").close()
+      return out
+    self.loaded.append(path)
+    return {name: np.load(os.path.join(path, name + ".npy"), mmap_mode="r")
+            for name in (FEATURES, HIDDEN) if os.path.exists(os.path.join(path, name + ".npy"))}
+
+  def _build(self, batches) -> dict:
     t0 = time.perf_counter()
     total = sum(len(b["tokens"]) for b in batches)
     out, start = {}, 0
@@ -82,12 +118,21 @@ def builder(cfg, target, layers, with_hidden: bool, name: str):
   if budget.finished(cfg, run_dir_lib.model_dir(cfg.run_dir, name)):
     print(f"[{name}] trained to its last step: no feature cache to build", flush=True)
     return None
-  return Builder(target, layers, with_hidden)
+  folder = ""
+  if cfg.get("feature_cache_store", False):
+    folder = os.path.join(run_dir_lib.resolve(cfg.run_dir), "feature_cache")
+  return Builder(target, layers, with_hidden, folder)
 
 
 def report(name: str, cache) -> float:
-  """Prints and returns the cache's build time (0 without a cache)."""
+  """Prints the cache's build time and returns what comes out of the budget: the build, or 0
+  without a cache or with a stored (shared) one."""
   if cache is None:
+    return 0.0
+  if cache.folder:
+    print(f"[{name}] feature cache in {cache.folder}: built in {cache.seconds:.0f} s"
+          f"{', read back for ' + str(len(cache.loaded)) + ' split(s)' if cache.loaded else ''}"
+          "; shared, so out of the budget", flush=True)
     return 0.0
   print(f"[{name}] feature cache: the target's pass over every regenerated row in "
         f"{cache.seconds:.0f} s", flush=True)
