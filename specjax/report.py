@@ -2,7 +2,8 @@
 
   python -m specjax.report RUN_DIR [--out RUN_DIR/report]
 
-Reads decode.py's `decode/t<T>.json`, `python -m specjax.sweep`'s `decode/sweep_*.json` and
+Reads decode.py's `decode/t<T>.json` (and per benchmark `decode/<benchmark>_t<T>.json`, each
+with its own tables and claims), `python -m specjax.sweep`'s `decode/sweep_*.json` and
 each model's `metrics.jsonl` / `budget.json`; writes `report.md` and its PNGs. A section whose
 inputs are missing says so and is skipped, so the tiny main job's folder reports too.
 """
@@ -41,15 +42,24 @@ PAPER_DFLASH_OVER_EAGLE3 = 6.49 / 3.40
 # ----------------------------------------------------------------------------- inputs
 
 
-def load_tables(root: str) -> dict[float, dict]:
-  """{temperature: {method: entry}} from decode/t<T>.json."""
+def load_tables(root: str, benchmark: str = "") -> dict[float, dict]:
+  """{temperature: {method: entry}} from decode/t<T>.json, or with a benchmark from
+  decode/<benchmark>_t<T>.json (scripts/smollm2_drafters.sh)."""
+  prefix = f"{benchmark}_" if benchmark else ""
   out = {}
-  for path in glob.glob(os.path.join(root, "decode", "t*.json")):
-    m = re.fullmatch(r"t([0-9.]+)\.json", os.path.basename(path))
+  for path in glob.glob(os.path.join(root, "decode", f"{prefix}t*.json")):
+    m = re.fullmatch(re.escape(prefix) + r"t([0-9.]+)\.json", os.path.basename(path))
     if m:
       with open(path) as f:
         out[float(m.group(1))] = json.load(f)["methods"]
   return dict(sorted(out.items()))
+
+
+def benchmark_tables(root: str) -> dict[str, dict[float, dict]]:
+  """{benchmark: {temperature: {method: entry}}} for the benchmarks (specjax.data.benchmarks)
+  decoded into the run folder."""
+  from specjax.data import benchmarks
+  return {b: t for b in benchmarks.BENCHMARKS if (t := load_tables(root, b))}
 
 
 def load_sweeps(root: str) -> dict[tuple[str, float], dict]:
@@ -496,6 +506,35 @@ def git_commit() -> str:
     return "unknown"
 
 
+def claims(tables, sweeps) -> list[tuple[str, tuple[str, str]]]:
+  """(claim, (verdict, why)) for the seed's claims, on one set of decode tables."""
+  return [("parallel MTP acceptance collapses with depth", claim_mtp_depth(tables)),
+          ("DFlash acceptance decays toward the end of the block, but its tau beats the "
+           "autoregressive drafters at equal drafting cost", claim_dflash(tables)),
+          ("DSpark raises tau over DFlash", claim_gain(tables, "dspark")),
+          ("DFlash 2 raises tau over DFlash", claim_gain(tables, "dflash2")),
+          ("DFlash drafts further than EAGLE-3", claim_dflash_over_eagle3(tables)),
+          ("verifying fewer tokens pays as concurrency rises", claim_concurrency(sweeps)),
+          ("the accounting model predicts measured tau and speedup",
+           claim_accounting(tables, sweeps))]
+
+
+def side_by_side_section(table: dict, temp: float, out: str, prompts: str) -> list[str]:
+  """A side-by-side table and its a_k plot: `prompts` says which (held-out, humaneval, ...)."""
+  any_e = next(iter(table.values()))
+  name = "greedy" if temp == 0 else f"sampling, T={temp:g}"
+  where = "" if prompts == "held-out" else f"{prompts}, "
+  md = [f"## Side by side, {where}{name}", "",
+        f"{any_e.get('num_prompts')} {prompts} prompts x {any_e.get('max_new_tokens')} new "
+        f"tokens, batch {any_e.get('batch_size')}. speedup: measured tokens/s over AR's in "
+        "the same process; predicted: tau x T_ar / (T_draft + T_verify) from step costs "
+        "measured in the same run.", "", side_by_side(table), ""]
+  png = f"acceptance_{'' if prompts == 'held-out' else prompts + '_'}t{temp:g}.png"
+  evaluate.plot_acceptance({"methods": {m: table[m] for m in ordered(table)}},
+                           os.path.join(out, png), f"{where}{name}")
+  return md + [f"![a_k and P_k, {where}{name}]({png})", ""]
+
+
 def build(run_dir: str, out: str | None = None) -> str:
   root = run_dir_lib.resolve(run_dir)
   if not os.path.isdir(root):
@@ -503,7 +542,7 @@ def build(run_dir: str, out: str | None = None) -> str:
   out = out or os.path.join(root, "report")
   os.makedirs(out, exist_ok=True)
   tables, sweeps, training = load_tables(root), load_sweeps(root), load_training(root)
-  if not tables and not sweeps and not training:
+  if not tables and not sweeps and not training and not benchmark_tables(root):
     raise SpecjaxError(f"{root} holds no decode results or training metrics to report; run "
                        "train.py and decode.py (or scripts/reference.sh) into it first")
   md = [f"# Report: {run_dir}", "",
@@ -523,17 +562,10 @@ def build(run_dir: str, out: str | None = None) -> str:
     for name, rows in settings.items():
       md += [f"{name}:", "", settings_sweep.table(rows), ""]
   for temp, table in tables.items():
-    any_e = next(iter(table.values()))
-    name = "greedy" if temp == 0 else f"sampling, T={temp:g}"
-    md += [f"## Side by side, {name}", "",
-           f"{any_e.get('num_prompts')} held-out prompts x {any_e.get('max_new_tokens')} new "
-           f"tokens, batch {any_e.get('batch_size')}. speedup: measured tokens/s over AR's in "
-           "the same process; predicted: tau x T_ar / (T_draft + T_verify) from step costs "
-           "measured in the same run.", "", side_by_side(table), ""]
-    png = f"acceptance_t{temp:g}.png"
-    evaluate.plot_acceptance({"methods": {m: table[m] for m in ordered(table)}},
-                             os.path.join(out, png), name)
-    md += [f"![a_k and P_k, {name}]({png})", ""]
+    md += side_by_side_section(table, temp, out, "held-out")
+  for bench, bench_tables in benchmark_tables(root).items():
+    for temp, table in bench_tables.items():
+      md += side_by_side_section(table, temp, out, bench)
   for (kind, temp), sweep in sorted(sweeps.items()):
     png = f"sweep_{kind}_t{temp:g}.png"
     if kind == "drafts":
@@ -549,17 +581,14 @@ def build(run_dir: str, out: str | None = None) -> str:
   if missing:
     md += [f"(No {' or '.join(missing)} sweep in this folder: `python -m specjax.sweep "
            f"--run_dir={run_dir} --kind={missing[0]}` adds it.)", ""]
-  claims = [("parallel MTP acceptance collapses with depth", claim_mtp_depth(tables)),
-            ("DFlash acceptance decays toward the end of the block, but its tau beats the "
-             "autoregressive drafters at equal drafting cost", claim_dflash(tables)),
-            ("DSpark raises tau over DFlash", claim_gain(tables, "dspark")),
-            ("DFlash 2 raises tau over DFlash", claim_gain(tables, "dflash2")),
-            ("DFlash drafts further than EAGLE-3", claim_dflash_over_eagle3(tables)),
-            ("verifying fewer tokens pays as concurrency rises", claim_concurrency(sweeps)),
-            ("the accounting model predicts measured tau and speedup",
-             claim_accounting(tables, sweeps))]
-  md += ["## The claims", "", markdown([["claim", "verdict", "figure and why"]] +
-                                       [[c, v, w] for c, (v, w) in claims]), ""]
+  if tables or sweeps:
+    md += ["## The claims", "", markdown([["claim", "verdict", "figure and why"]] +
+                                         [[c, v, w] for c, (v, w) in claims(tables, sweeps)]),
+           ""]
+  for bench, bench_tables in benchmark_tables(root).items():
+    md += [f"## The claims on {bench}", "",
+           markdown([["claim", "verdict", "figure and why"]] +
+                    [[c, v, w] for c, (v, w) in claims(bench_tables, {})]), ""]
   g = goals(tables, sweeps)
   if len(g) > 1:
     md += ["## Goals", "", markdown(g), ""]

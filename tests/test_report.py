@@ -120,6 +120,23 @@ def test_report_builds_from_what_the_folder_holds(swept_run, tmp_path):
   assert "| DSpark raises tau over DFlash | no data |" in text
 
 
+def test_report_has_tables_and_claims_per_benchmark(swept_run, tmp_path):
+  # scripts/smollm2_drafters.sh writes decode/<benchmark>_t<T>.json only
+  run = tmp_path / "run"
+  os.makedirs(run / "decode")
+  table = next(p for p in os.listdir(os.path.join(swept_run, "decode"))
+               if p.startswith("t") and p.endswith(".json"))
+  shutil.copy(os.path.join(swept_run, "decode", table), run / "decode" / "humaneval_t0.0.json")
+  shutil.copy(os.path.join(swept_run, "decode", table), run / "decode" / "mtbench_t1.0.json")
+  text = open(report.build(str(run), str(tmp_path / "out"))).read()
+  for section in ("## Side by side, humaneval, greedy", "## Side by side, mtbench, sampling, T=1",
+                  "## The claims on humaneval", "## The claims on mtbench"):
+    assert section in text, section
+  assert "## Side by side, greedy" not in text and "## The claims\n" not in text
+  assert "3 humaneval prompts x 10 new tokens" in text
+  assert os.path.getsize(tmp_path / "out" / "acceptance_humaneval_t0.png") > 1000
+
+
 def test_report_of_an_empty_folder_is_a_clear_error(tmp_path):
   with pytest.raises(SpecjaxError, match="holds no decode results"):
     report.build(str(tmp_path))

@@ -141,8 +141,9 @@ def regenerated(cfg, target, tok, split: str, count: int) -> tuple[np.ndarray, n
   if jax.process_index() == 0:  # one writer; the key beside the data says what made it
     with open(path[:-len(".npy")] + ".json", "w") as f:
       f.write(key)
-    np.save(lens_path + ".tmp.npy", lens)
-    os.replace(lens_path + ".tmp.npy", lens_path)
+    if kind != "corpus":  # (corpus prompts all have prompt_len tokens)
+      np.save(lens_path + ".tmp.npy", lens)
+      os.replace(lens_path + ".tmp.npy", lens_path)
     np.save(path + ".tmp.npy", rows)
     os.replace(path + ".tmp.npy", path)
   return rows, lens
