@@ -41,18 +41,10 @@ SWEPT = {
 METHODS = tuple(SWEPT)  # the experiment's drafters
 
 
-def _tiny(name):
-  return config_base.load_config_file(os.path.join(HERE, f"{name}_tiny.py"))
-
-
 def get_config(method: str = "dflash"):
   if method not in METHODS:
     raise ValueError(f"configs/reference.py:{method}: pick one of {', '.join(METHODS)}")
-  if method.startswith("mtp_"):
-    c = _tiny("mtp")
-    c.variant = method[4:]
-  else:
-    c = _tiny(method)
+  c = config_base.tiny_drafter_config(HERE, method)
   c.run_dir = "runs/reference"
   c.time_budget_s = BUDGET_S
   c.seq_len = 256

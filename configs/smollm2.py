@@ -39,18 +39,10 @@ SETTINGS = {
 METHODS = tuple(SETTINGS)
 
 
-def _tiny(name):
-  return config_base.load_config_file(os.path.join(HERE, f"{name}_tiny.py"))
-
-
 def get_config(method: str = "dflash"):
   if method not in METHODS:
     raise ValueError(f"configs/smollm2.py:{method}: pick one of {', '.join(METHODS)}")
-  if method.startswith("mtp_"):
-    c = _tiny("mtp")
-    c.variant = method[4:]
-  else:
-    c = _tiny(method)
+  c = config_base.tiny_drafter_config(HERE, method)
   c.run_dir = "runs/smollm2"
   c.time_budget_s = BUDGET_S
   c.seq_len = 384

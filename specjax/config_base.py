@@ -116,3 +116,14 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg) if arg else module.get_config()
+
+
+def tiny_drafter_config(configs_dir: str, method: str) -> ml_collections.ConfigDict:
+  """A decode method's training config from configs_dir/<name>_tiny.py (mtp_parallel and
+  mtp_sequential: mtp_tiny.py with its variant): where experiment configs start."""
+  import os
+  if method.startswith("mtp_"):
+    c = load_config_file(os.path.join(configs_dir, "mtp_tiny.py"))
+    c.variant = method[4:]
+    return c
+  return load_config_file(os.path.join(configs_dir, f"{method}_tiny.py"))
