@@ -26,7 +26,8 @@ for bench in humaneval mtbench; do
       python decode.py --config.run_dir="$RUN" --config.methods="ar,prompt_lookup,$METHODS" \
           --config.prompts="$bench" --config.chat_template=true --config.num_prompts=16 \
           --config.max_new_tokens=128 --config.batch_size=1 --config.block_size=8 \
-          --config.num_draft_tokens=7 --config.temperature="$t" --config.output_json="$out"
+          --config.num_draft_tokens=7 --config.cache_len=1024 --config.temperature="$t" \
+          --config.output_json="$out"
     fi
   done
 done
