@@ -35,6 +35,7 @@ def models() -> tuple[str, ...]:
   """The model folders a run holds: the target, then each trained method's."""
   return ("target",) + methods_lib.trained()
 PAPER_GAIN = {"dspark": 0.15, "dflash2": 0.21}  # tau over DFlash, as the papers report it
+GAIN_NOISE = 0.02  # a tau gain smaller than this shows nothing either way
 # DFlash's table (Qwen3-8B, T=0): DFlash tau 6.49 (4.86x), EAGLE-3 3.40 (2.02x)
 PAPER_DFLASH_OVER_EAGLE3 = 6.49 / 3.40
 
@@ -334,15 +335,21 @@ def claim_gain(tables, method) -> tuple[str, str]:
       gains.append((temp, table[method]["tau"] / table["dflash"]["tau"] - 1))
   if not gains:
     return "no data", f"needs tables with dflash and {method}"
-  text = ", ".join(f"T={t:g}: {g:+.0%}" for t, g in gains)
-  holds = all(g > 0 for _, g in gains)
+  text = ", ".join(f"T={t:g}: {g:+.1%}" for t, g in gains)
   how = {"dspark": "the Markov head conditions each slot on the previous draft",
          "dflash2": "the block convolutions and the top-K selector couple the slots"}[method]
-  why = how if holds else (
-      f"{how}, which pays greedily; where it does not, the flat target distribution at T>0 "
-      "leaves little for the coupling to fix")
-  return ("holds" if holds else "does not hold here"), (
-      f"tau over DFlash {text} (papers: about {PAPER_GAIN[method]:+.0%}). Why: {why}")
+  if all(g > GAIN_NOISE for _, g in gains):
+    verdict, why = "holds", how
+  elif all(g > -GAIN_NOISE for _, g in gains):
+    verdict, why = "not shown", (
+        f"{how}; a difference within {GAIN_NOISE:.0%} is within what a few dozen prompts "
+        "resolve, and both drafters accept little here")
+  else:
+    verdict, why = "does not hold here", (
+        f"{how}, which pays greedily; where it does not, the flat target distribution at T>0 "
+        "leaves little for the coupling to fix")
+  return verdict, (f"tau over DFlash {text} (papers: about {PAPER_GAIN[method]:+.0%}). "
+                   f"Why: {why}")
 
 
 def claim_dflash_over_eagle3(tables) -> tuple[str, str]:

@@ -168,6 +168,11 @@ def test_claim_verdicts_follow_the_figures():
             1.0: _table(dflash=[0.5] * 4, dspark=[0.4] * 4)}
   verdict, why = report.claim_gain(tables, "dspark")
   assert verdict == "does not hold here" and "T=0: +" in why and "T=1: -" in why
+  # a gain within noise (tau 1.2029 against 1.2013) shows nothing
+  tied = {0.0: {"dflash": {"tau": 1.2013}, "dflash2": {"tau": 1.2029}}}
+  assert report.claim_gain(tied, "dflash2")[0] == "not shown"
+  assert report.claim_gain({0.0: {"dflash": {"tau": 1.2}, "dspark": {"tau": 1.25}}},
+                           "dspark")[0] == "holds"
 
   further = {0.0: _table(dflash=[0.9, 0.8, 0.7], eagle3=[0.6, 0.4, 0.2]),
              1.0: _table(dflash=[0.5, 0.4, 0.3], eagle3=[0.6, 0.5, 0.4])}
