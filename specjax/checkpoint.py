@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from specjax.errors import SpecjaxError
@@ -72,6 +73,16 @@ class Checkpoints:
     def restore(default_sharding=None):
       return self.manager.restore(step, args=ocp.args.Composite(
           params=ocp.args.StandardRestore(_abstract(params_like, default_sharding))))["params"]
+    if jax.process_count() > 1 and any(
+        getattr(x, "sharding", None) is None for x in jax.tree.leaves(params_like)):
+      # several processes: every one must restore the same way (a fallback taken by one
+      # alone would leave the others waiting in orbax's barriers), so leaves without a
+      # sharding are restored replicated over all devices; the caller then places them
+      everything = jax.sharding.Mesh(np.asarray(jax.devices()), ("all",))
+      try:
+        return restore(jax.sharding.NamedSharding(everything, jax.sharding.PartitionSpec()))
+      except (ValueError, TypeError, KeyError) as e:
+        raise _shape_error(self.directory, step, e) from None
     try:
       return restore()
     except (ValueError, TypeError, KeyError) as e:

@@ -59,8 +59,8 @@ def user_errors():
 
   from specjax import sharding
   logging.set_verbosity(logging.ERROR)  # orbax and tfds log routine events
-  sharding.maybe_initialize_distributed()
   try:
+    sharding.maybe_initialize_distributed()
     yield
   except SpecjaxError as e:
     print(f"error: {e}", file=sys.stderr, flush=True)

@@ -132,15 +132,71 @@ def rules_from_config(rules_cfg) -> tuple:
   return tuple(out)
 
 
+# A hand-made multi-process launch (several processes on one machine, or hosts outside a
+# managed cluster) sets all three; jax.distributed.initialize reads the first itself.
+LAUNCH_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+# Managed clusters, where jax.distributed.initialize() finds everything on its own.
+_CLUSTER_MARKERS = ("TPU_WORKER_HOSTNAMES", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+
+
+def distributed_launch_args() -> dict | None:
+  """The jax.distributed.initialize() arguments of this process's launch, or None for a
+  single-process run. A hand-made launch sets JAX_COORDINATOR_ADDRESS (host:port of process
+  0), JAX_NUM_PROCESSES and JAX_PROCESS_ID on every process; on a TPU pod slice, under Slurm
+  or Open MPI none is needed (JAX finds them). A partial or inconsistent setting is an error."""
+  env = {k: os.environ.get(k, "").strip() for k in LAUNCH_ENV}
+  given = [k for k, v in env.items() if v]
+  if given:
+    if len(given) < len(LAUNCH_ENV):
+      missing = [k for k in LAUNCH_ENV if k not in given]
+      cluster = any(os.environ.get(m) for m in _CLUSTER_MARKERS)
+      if not (cluster and given == ["JAX_COORDINATOR_ADDRESS"]):
+        raise SpecjaxError(
+            f"multi-process launch: {', '.join(given)} set but {', '.join(missing)} not; "
+            "set all of JAX_COORDINATOR_ADDRESS=host:port, JAX_NUM_PROCESSES=N and "
+            "JAX_PROCESS_ID=0..N-1 on every process")
+      return {}
+    addr = env["JAX_COORDINATOR_ADDRESS"]
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+      raise SpecjaxError(f"JAX_COORDINATOR_ADDRESS={addr!r} is not host:port (e.g. "
+                         "localhost:12355, or process 0's hostname and a free port)")
+    try:
+      n, i = int(env["JAX_NUM_PROCESSES"]), int(env["JAX_PROCESS_ID"])
+    except ValueError:
+      raise SpecjaxError(f"JAX_NUM_PROCESSES={env['JAX_NUM_PROCESSES']!r} and JAX_PROCESS_ID="
+                         f"{env['JAX_PROCESS_ID']!r} must be integers") from None
+    if n < 1 or not 0 <= i < n:
+      raise SpecjaxError(f"JAX_PROCESS_ID={i} must be in 0..{n - 1} "
+                         f"(JAX_NUM_PROCESSES={n})")
+    if n == 1:
+      return None
+    return {"coordinator_address": addr, "num_processes": n, "process_id": i}
+  if os.environ.get("SLURM_NTASKS", "1") != "1" or os.environ.get("OMPI_COMM_WORLD_SIZE",
+                                                                  "1") != "1":
+    return {}
+  if os.environ.get("TPU_WORKER_HOSTNAMES", "").count(",") > 0:  # a multi-host TPU slice
+    return {}
+  return None
+
+
 def maybe_initialize_distributed():
-  """Calls jax.distributed.initialize() when launched as one of several processes."""
-  markers = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES",
-             "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
-  multi = any(os.environ.get(m) for m in markers)
-  if os.environ.get("SLURM_NTASKS") == "1" or os.environ.get("OMPI_COMM_WORLD_SIZE") == "1":
-    multi = False
-  if multi and not jax.distributed.is_initialized():
-    jax.distributed.initialize()
+  """Calls jax.distributed.initialize() when launched as one of several processes (see
+  distributed_launch_args). On CPU, cross-process collectives go through gloo."""
+  args = distributed_launch_args()
+  if args is None or jax.distributed.is_initialized():
+    return
+  if args.get("coordinator_address"):
+    # CPU devices talk across processes only with a collectives implementation (gloo is
+    # jax 0.10's default; set it in case an environment turned it off)
+    if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  try:
+    jax.distributed.initialize(**args)
+  except (RuntimeError, ValueError) as e:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise SpecjaxError(f"jax.distributed.initialize failed ({first[:300]}); check "
+                       "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID") from None
 
 
 KV_LEAVES = ("k_BxSxKxH", "v_BxSxKxH")  # models.kv_cache.LayerKV: [batch, seq, kv_heads, dim]

@@ -8,6 +8,8 @@ and the loss never cross a document boundary.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from collections.abc import Iterator
 
@@ -26,6 +28,20 @@ def expand(path: str) -> str:
   return os.path.abspath(os.path.expanduser(path))
 
 
+@contextlib.contextmanager
+def file_lock(path: str):
+  """An exclusive lock on `path` (created): the processes of a multi-process launch that share
+  a disk prepare a dataset or train a tokenizer one at a time, so the first does the work and
+  the rest find it done (on hosts with their own disks, each does it once)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def open_split(data_cfg, split: str):
   """A random-access source of records for one split (prepares the built-in corpus once)."""
   data_dir = expand(data_cfg.tfds_dir)
@@ -33,7 +49,8 @@ def open_split(data_cfg, split: str):
     builder = PythonSource(
         config=source_config(data_cfg.source_dir, data_cfg.validation_percent),
         data_dir=data_dir, file_format="array_record")
-    builder.download_and_prepare()
+    with file_lock(os.path.join(data_dir, ".prepare.lock")):
+      builder.download_and_prepare()
     return builder.as_data_source(split=split)
   try:
     return tfds.data_source(data_cfg.name, split=split, data_dir=data_dir, download=False)
@@ -118,15 +135,18 @@ def _pad_rows(batch: dict, rows: int) -> dict:
 
 def get_tokenizer(data_cfg, out_path: str):
   """The run's tokenizer: a given file used as is, else trained on the train split once."""
-  if data_cfg.tokenizer_path:
-    tok = tokenizer_lib.load_tokenizer(expand(data_cfg.tokenizer_path))
-  elif os.path.exists(out_path):
-    return tokenizer_lib.load_tokenizer(out_path)
-  else:
-    source = open_split(data_cfg, "train")
-    tok = tokenizer_lib.train_tokenizer(
-        iter_texts(source, data_cfg.text_feature, data_cfg.tokenizer_max_docs or None),
-        data_cfg.vocab_size)
-  os.makedirs(os.path.dirname(out_path), exist_ok=True)
-  tok.save(out_path)
+  with file_lock(out_path + ".lock"):
+    if data_cfg.tokenizer_path:
+      tok = tokenizer_lib.load_tokenizer(expand(data_cfg.tokenizer_path))
+    elif os.path.exists(out_path):
+      return tokenizer_lib.load_tokenizer(out_path)
+    else:
+      source = open_split(data_cfg, "train")
+      tok = tokenizer_lib.train_tokenizer(
+          iter_texts(source, data_cfg.text_feature, data_cfg.tokenizer_max_docs or None),
+          data_cfg.vocab_size)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    tmp = f"{out_path}.{os.getpid()}.tmp"
+    tok.save(tmp)
+    os.replace(tmp, out_path)  # a reader never sees half a file
   return tok

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
@@ -42,9 +43,13 @@ class TrainTask:
 
 
 def place_batch(batch: dict, mesh, rules) -> dict:
-  """Host batch (this process's rows) -> global arrays sharded over the data axes."""
-  return {k: jax.make_array_from_process_local_data(
-      sharding_lib.batch_sharding(mesh, rules, v.ndim), v) for k, v in batch.items()}
+  """A whole host batch (the same on every process) -> global arrays sharded over the data
+  axes; each process copies only the rows its own devices hold."""
+  def one(v):
+    v = np.asarray(v)
+    return jax.make_array_from_callback(v.shape, sharding_lib.batch_sharding(mesh, rules, v.ndim),
+                                        lambda index: v[index])
+  return {k: one(v) for k, v in batch.items()}
 
 
 class MetricsWriter:
@@ -52,6 +57,8 @@ class MetricsWriter:
 
   def __init__(self, path: str, resume_step: int | None):
     self.path = path
+    if jax.process_index() != 0:  # one writer
+      return
     if resume_step is not None and os.path.exists(path):
       with open(path) as f:
         kept = [l for l in f if l.strip() and json.loads(l).get("step", 0) <= resume_step]

@@ -181,12 +181,12 @@ def regenerated_data(cfg, target, tok, per_row=None):
   train_rows, train_lens = regenerated(cfg, target, tok, cfg.data.train_split, r.num_sequences)
   val_rows, val_lens = regenerated(cfg, target, tok, cfg.data.validation_split, r.num_validation)
   pad_id = run_dir_lib.load_special_ids(cfg.run_dir).pad_id
-  local = cfg.batch_size // jax.process_count()
+  rows_per_batch = cfg.batch_size  # whole batches on every process; place_batch keeps its rows
 
   def extras(rows, lens):
     if per_row is None:
       return {}
-    chunk = max(local, 32)
+    chunk = max(rows_per_batch, 32)
     return per_row([as_batch(rows[i:i + chunk], pad_id, lens[i:i + chunk])
                     for i in range(0, len(rows), chunk)])
 
@@ -198,12 +198,10 @@ def regenerated_data(cfg, target, tok, per_row=None):
 
   train_extra, val_extra = extras(train_rows, train_lens), extras(val_rows, val_lens)
   ds = grain.MapDataset.source(list(range(len(train_rows))))
-  if jax.process_count() > 1:
-    ds = ds[jax.process_index()::jax.process_count()]
-  ds = ds.shuffle(seed=cfg.seed).repeat().batch(local, drop_remainder=True)
+  ds = ds.shuffle(seed=cfg.seed).repeat().batch(rows_per_batch, drop_remainder=True)
   ds = ds.map(lambda idx: batch_of(train_rows, train_lens, train_extra, idx))
-  val = [batch_of(val_rows, val_lens, val_extra, np.arange(i, i + local))
-         for i in range(0, len(val_rows) - local + 1, local)]
+  val = [batch_of(val_rows, val_lens, val_extra, np.arange(i, i + rows_per_batch))
+         for i in range(0, len(val_rows) - rows_per_batch + 1, rows_per_batch)]
   return ds.to_iter_dataset(), val[:cfg.eval_batches]
 
 

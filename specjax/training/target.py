@@ -46,11 +46,12 @@ def unigram_entropy(batches: list[dict]) -> float:
 
 
 def data_for(cfg, tok):
-  """(train IterDataset, list of validation batches) for this process."""
+  """(train IterDataset, list of validation batches) of whole (global) batches. Every process
+  of a multi-process run reads the same stream and feeds only the rows its devices hold
+  (loop.place_batch), so the batches, the losses and the saved iterator state do not depend
+  on how many processes there are."""
   kw = dict(feature=cfg.data.text_feature, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-            seed=cfg.seed, process_index=jax.process_index(),
-            process_count=jax.process_count(),
-            special=run_dir_lib.load_special_ids(cfg.run_dir))
+            seed=cfg.seed, special=run_dir_lib.load_special_ids(cfg.run_dir))
   train_ds = pipeline.packed_batches(pipeline.open_split(cfg.data, cfg.data.train_split), tok,
                                      train=True, shuffle_window=cfg.data.shuffle_window, **kw)
   val_ds = pipeline.packed_batches(pipeline.open_split(cfg.data, cfg.data.validation_split),
