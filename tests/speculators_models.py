@@ -1,7 +1,8 @@
 """speculators (vLLM's drafter library, the test peer) drafters on tiny random Hugging Face
 verifiers, and what they compute: EAGLE-3's logits per training-time-test step, and the
 DFlash family's block pass (DFlash's mask-slot logits, DSpark's Markov and confidence heads,
-DFlash 2's selector). Shared by tests/test_interop_speculators.py."""
+DFlash 2's selector), and specjax's drafters in a run dir computing the same. Shared by
+tests/test_interop_speculators.py and bench/speculators_check.py."""
 
 from __future__ import annotations
 
@@ -124,3 +125,94 @@ def block_outputs(kind: str, model, aux_1xTxF, prev_tokens) -> dict:
     unary = model.lm_head(hidden[1:])
     cand, scores = model.candidate_selector.select(unary, hidden[1:], prev[0, :-1])
     return {"logits": unary.numpy(), "candidates": cand.numpy(), "scores": scores.numpy()}
+
+
+def load_export(kind: str, folder: str):
+  """Their drafter of `kind` loaded from a speculators checkpoint folder with their own classes
+  (`from_pretrained`, eager attention), in eval mode."""
+  import importlib
+  package, config_name, model_name = CLASSES[kind]
+  cfg = getattr(importlib.import_module(f"speculators.models.{package}"),
+                config_name).from_pretrained(folder)
+  cfg.transformer_layer_config._attn_implementation = "eager"
+  model_cls = getattr(importlib.import_module(f"speculators.models.{package}.core"), model_name)
+  return model_cls.from_pretrained(folder, config=cfg).eval()
+
+
+def aux_states(verifier, tokens, ids):
+  """The HF verifier's hidden states at `ids` for `tokens` [1, T]: (their input, the
+  concatenation [1, T, len(ids) * D]; specjax's, the list of [1, T, D])."""
+  import torch
+  with torch.no_grad():
+    hs = verifier(torch.as_tensor(np.asarray(tokens)), output_hidden_states=True).hidden_states
+  return torch.cat([hs[i] for i in ids], -1).numpy(), [hs[i].numpy() for i in ids]
+
+
+# -- specjax's side: the same outputs from the drafter in a run dir ----------------------------
+
+
+def on_one_device(tree):
+  import jax
+  return jax.device_put(tree, jax.devices()[0])  # imported targets span the test devices
+
+
+def ours_ttt(run: str, steps: int):
+  """specjax's EAGLE-3 in run: f(tokens [1, T], features) -> its logits per TTT step,
+  [T - 1, Vd] each (the layout of ttt_logits)."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from specjax import run_dir as run_dir_lib
+  from specjax.methods import builtin
+  from specjax.training import eagle3 as eagle3_training
+  target = run_dir_lib.load_target(run)
+  dp, graphdef, _ = builtin.load_eagle3(run, target)
+  dp = on_one_device(dp)
+  model = nnx.merge(graphdef, dp["model"])
+  tgt = nnx.merge(target.graphdef, on_one_device(target.params))
+
+  def run_ttt(tokens, features):
+    t = tokens.shape[1]
+    logits = eagle3_training.ttt_logits(
+        model, tgt, tuple(jnp.asarray(f) for f in features), jnp.asarray(tokens),
+        jnp.arange(t)[None], jnp.ones((1, t), jnp.int32), steps, dp.get("vocab"))
+    return [np.asarray(x[0, :t - 1]) for x in logits]
+  return run_ttt
+
+
+def ours_block(kind: str, run: str, block: int):
+  """specjax's DFlash-family drafter in run: f(features, prev_tokens) -> block_outputs' dict
+  for the block [prev_tokens[0], MASK x (block - 1)] after the features' context."""
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from specjax import run_dir as run_dir_lib
+  from specjax.methods import builtin
+  target = run_dir_lib.load_target(run)
+  if kind == "dspark":
+    graphdef, params = builtin.load_dspark(run, target, block)[:2]
+  else:
+    graphdef, params, _ = builtin.load_dflash(run, target, block, kind)
+  model = nnx.merge(graphdef, on_one_device(params))
+  tgt = nnx.merge(target.graphdef, on_one_device(target.params))
+
+  def run_block(features, prev_tokens) -> dict:
+    t = features[0].shape[1]
+    ctx = model.context_kv(model.project(tuple(jnp.asarray(f) for f in features)),
+                           jnp.arange(t)[None])
+    x = model.block_inputs(tgt, jnp.asarray([[prev_tokens[0]]]), block)
+    hidden = model(x, jnp.arange(t, t + block)[None], ctx,
+                   jnp.ones((1, block, t + block), bool))
+    prev = jnp.asarray(prev_tokens)[None]
+    if kind == "dflash":
+      return {"logits": np.asarray(model.draft_logits(tgt, hidden[:, 1:]))[0]}
+    if kind == "dspark":
+      e = model.previous_embedding(prev)
+      return {"logits": np.asarray(tgt.logits(hidden) + model.markov_logits(e))[0],
+              "confidence": np.asarray(model.confidence_logit(hidden, e))[0]}
+    unary = model.draft_logits(tgt, hidden[:, 1:])
+    u, cand = model.candidate_selector.candidates(unary)
+    scores = u + model.candidate_selector.pair_scores(hidden[:, 1:], prev[:, :-1], cand)
+    return {"logits": np.asarray(unary)[0], "candidates": np.asarray(cand)[0],
+            "scores": np.asarray(scores)[0]}
+  return run_block

@@ -7,11 +7,8 @@ import json
 import os
 import shutil
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from conftest import tiny_train_config, train_block_drafter
 from specjax import run_dir as run_dir_lib
@@ -44,73 +41,21 @@ SETTINGS = {
 }
 
 
-def on_one_device(tree):
-  return jax.device_put(tree, jax.devices()[0])  # imported targets span the 8 test devices
-
-
-def aux_states(verifier, tokens, ids):
-  """The verifier's hidden states at `ids` for `tokens`: (torch concatenation, numpy list)."""
-  with torch.no_grad():
-    hs = verifier(torch.as_tensor(tokens), output_hidden_states=True).hidden_states
-  return torch.cat([hs[i] for i in ids], -1).numpy(), [hs[i].numpy() for i in ids]
-
-
-def ours_ttt(run, tokens, features):
-  """specjax's EAGLE-3 in run_dir: logits per TTT step, [T - 1, Vd] each."""
-  target = run_dir_lib.load_target(run)
-  dp, graphdef, _ = builtin.load_eagle3(run, target)
-  dp = on_one_device(dp)
-  t = tokens.shape[1]
-  logits = eagle3_training.ttt_logits(
-      nnx.merge(graphdef, dp["model"]), nnx.merge(target.graphdef, on_one_device(target.params)),
-      tuple(jnp.asarray(f) for f in features), jnp.asarray(tokens), jnp.arange(t)[None],
-      jnp.ones((1, t), jnp.int32), STEPS, dp.get("vocab"))
-  return [np.asarray(x[0, :t - 1]) for x in logits]
-
-
-def ours_block(kind, run, features, prev_tokens, block) -> dict:
-  """specjax's DFlash-family drafter in run_dir on the block of speculators_models.
-  block_outputs, the same outputs."""
-  target = run_dir_lib.load_target(run)
-  if kind == "dspark":
-    graphdef, params = builtin.load_dspark(run, target, block)[:2]
-  else:
-    graphdef, params, _ = builtin.load_dflash(run, target, block, kind)
-  model = nnx.merge(graphdef, on_one_device(params))
-  tgt = nnx.merge(target.graphdef, on_one_device(target.params))
-  t = features[0].shape[1]
-  ctx = model.context_kv(model.project(tuple(jnp.asarray(f) for f in features)),
-                         jnp.arange(t)[None])
-  x = model.block_inputs(tgt, jnp.asarray([[prev_tokens[0]]]), block)
-  hidden = model(x, jnp.arange(t, t + block)[None], ctx, jnp.ones((1, block, t + block), bool))
-  prev = jnp.asarray(prev_tokens)[None]
-  if kind == "dflash":
-    return {"logits": np.asarray(model.draft_logits(tgt, hidden[:, 1:]))[0]}
-  if kind == "dspark":
-    e = model.previous_embedding(prev)
-    return {"logits": np.asarray(tgt.logits(hidden) + model.markov_logits(e))[0],
-            "confidence": np.asarray(model.confidence_logit(hidden, e))[0]}
-  unary = model.draft_logits(tgt, hidden[:, 1:])
-  u, cand = model.candidate_selector.candidates(unary)
-  scores = u + model.candidate_selector.pair_scores(hidden[:, 1:], prev[:, :-1], cand)
-  return {"logits": np.asarray(unary)[0], "candidates": np.asarray(cand)[0],
-          "scores": np.asarray(scores)[0]}
-
-
 def compare(kind, model, run, verifier, ids, vocab, seed, block=BLOCK) -> dict:
   """Max |difference| per output between their `model` and specjax's drafter in `run`, on
   random context tokens (asserting equal argmaxes / candidates)."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(3, vocab, (1, 20 if kind == "eagle3" else 11))
-  aux, features = aux_states(verifier, tokens, ids)
+  aux, features = theirs.aux_states(verifier, tokens, ids)
   if kind == "eagle3":
-    ref, ours = theirs.ttt_logits(model, aux, tokens, STEPS), ours_ttt(run, tokens, features)
+    ref = theirs.ttt_logits(model, aux, tokens, STEPS)
+    ours = theirs.ours_ttt(run, STEPS)(tokens, features)
     for a, b in zip(ours, ref):
       assert (a.argmax(-1) == b.argmax(-1)).all()
     return {f"step {k}": float(np.abs(a - b).max()) for k, (a, b) in enumerate(zip(ours, ref))}
   prev = rng.integers(3, vocab, block).tolist()  # the anchor, then each slot's predecessor
   ref = theirs.block_outputs(kind, model, aux, prev)
-  ours = ours_block(kind, run, features, prev, block)
+  ours = theirs.ours_block(kind, run, block)(features, prev)
   assert (ours["logits"].argmax(-1) == ref["logits"].argmax(-1)).all()
   if "candidates" in ref:
     assert (ours.pop("candidates") == ref.pop("candidates")).all()
@@ -203,7 +148,6 @@ def train_and_export(kind, tiny_run, corpus_dir, tfds_dir, root):
   """`kind` trained briefly on the tiny target (EAGLE-3 with a 256-token draft vocabulary; the
   block drafters with a mask token), exported with the target as the verifier; returns (run,
   verifier folder, their model loaded from the export)."""
-  import importlib
   run = root / "run"
   if kind == "eagle3":
     from specjax.training import registry
@@ -220,12 +164,7 @@ def train_and_export(kind, tiny_run, corpus_dir, tfds_dir, root):
   verifier = hf.export_hf(str(run), str(root / "verifier"))
   out = str(root / "speculators")
   speculators.export_speculators(str(run), kind, out, verifier)
-  package, config_name, model_name = theirs.CLASSES[kind]
-  cfg = getattr(importlib.import_module(f"speculators.models.{package}"),
-                config_name).from_pretrained(out)
-  cfg.transformer_layer_config._attn_implementation = "eager"
-  model_cls = getattr(importlib.import_module(f"speculators.models.{package}.core"), model_name)
-  return str(run), verifier, model_cls.from_pretrained(out, config=cfg).eval()
+  return str(run), verifier, theirs.load_export(kind, out)
 
 
 _TRAINED = {}

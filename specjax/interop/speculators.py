@@ -346,7 +346,9 @@ def _block_layer_config(run_dir, target, cfg) -> dict:
   from specjax.drafters.dflash import layer_config
   shape = layer_config(cfg, target.model_cfg)
   if not shape.qk_norm:
-    raise SpecjaxError("speculators' DFlash layers have q/k norm; this drafter's do not")
+    raise SpecjaxError("speculators' DFlash layers have q/k norm; this drafter's do not (nor "
+                       "have the target's): train it with layer_shape.qk_norm = True in its "
+                       "config file")
   layer = _transformer_layer_config(run_dir, target, cfg.num_layers)
   rope = {"rope_type": "default", "rope_theta": shape.rope_theta}
   if shape.rope_llama3_scaling is not None:
