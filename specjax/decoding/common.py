@@ -27,6 +27,9 @@ class DecodeResult:
   budget_counts: jax.Array | None = None  # [K+1] histogram of per-row budgets (budgeted drafters)
   width_counts: jax.Array | None = None  # [K+1] histogram of the verify width per step
   draft_stats: dict | None = None  # sums of the drafter's step_statistics
+  # [B, N]: tokens each row committed at each verify step, -1 after its last (set by the
+  # speculative loop when it runs with record_steps=True; bench/drafter_peers.py reads it)
+  committed_BxN: jax.Array | None = None
 
 
 def pad_prompts(prompts: list[list[int]], pad_id: int, multiple: int = 16):
@@ -136,7 +139,10 @@ class DecodeLoop:
     history), then runs the jitted loop `decode`."""
     tokens_BxP, lens_B = args[-3], args[-2]
     if not isinstance(lens_B, jax.core.Tracer):
-      check_fits(np.asarray(lens_B), self.max_new_tokens, self.lookahead, self.cache_len,
+      lens = lens_B
+      if isinstance(lens, jax.Array) and not lens.is_fully_addressable:  # several processes
+        lens = np.concatenate([np.asarray(s.data) for s in lens.addressable_shards])
+      check_fits(np.asarray(lens), self.max_new_tokens, self.lookahead, self.cache_len,
                  tokens_BxP.shape[1])
     return self.decode(*args)
 

@@ -32,6 +32,7 @@ class SpecState(LoopState):
   budget_counts: jax.Array = None  # [K+1]: per-row budgets (budgeted drafters)
   width_counts: jax.Array = None  # [K+1]: verify width per step
   draft_stats: dict = None
+  committed_BxN: jax.Array = None  # [B, max_new_tokens] per-step commits (record_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,8 @@ class SpeculativeDecoder(DecodeLoop):
   # the T > 0 rule (p, drafts, q | None, rng) -> (m, next): a research hook; the default is
   # the lossless rule of SPEC section 2
   sampling_verifier: Callable = verify_sampling
+  # keep each row's committed count per step (DecodeResult.committed_BxN): off by default
+  record_steps: bool = False
 
   @property
   def lookahead(self) -> int:
@@ -63,7 +66,9 @@ class SpeculativeDecoder(DecodeLoop):
                       position_counts=jnp.zeros((2, k), jnp.int32),
                       budget_counts=jnp.zeros((k + 1,), jnp.int32),
                       width_counts=jnp.zeros((k + 1,), jnp.int32),
-                      draft_stats=drafter.step_statistics(draft_state, jnp.zeros((b,), bool)))
+                      draft_stats=drafter.step_statistics(draft_state, jnp.zeros((b,), bool)),
+                      committed_BxN=(jnp.full((b, self.max_new_tokens), -1, jnp.int32)
+                                     if self.record_steps else None))
     state = self.shard(state)
     budgeted = drafter.verify_widths is not None
 
@@ -111,6 +116,12 @@ class SpeculativeDecoder(DecodeLoop):
       position_counts = s.position_counts + jnp.stack([reached.sum(0), accepted.sum(0)])
       budget_hist = (jax.nn.one_hot(limit_B, k + 1, dtype=jnp.int32) * active[:, None]).sum(0)
       stats = jax.tree.map(jnp.add, s.draft_stats, drafter.step_statistics(draft_state, active))
+      committed = s.committed_BxN
+      if committed is not None:  # every step commits >= 1 token: steps_B < max_new_tokens
+        rows = jnp.arange(b)
+        step_B = jnp.minimum(s.steps_B, self.max_new_tokens - 1)
+        committed = committed.at[rows, step_B].set(
+            jnp.where(active, n_B, committed[rows, step_B]))
       new = SpecState(cache=verify_out.cache.rollback(end_B + n_B),
                       pending_B=jnp.where(active, next_B, s.pending_B), out_BxN=out,
                       count_B=count, done_B=done, rng=rng, target_calls=s.target_calls + 1,
@@ -119,11 +130,12 @@ class SpeculativeDecoder(DecodeLoop):
                       budget_counts=s.budget_counts + budget_hist,
                       width_counts=s.width_counts + jax.nn.one_hot(width, k + 1,
                                                                    dtype=jnp.int32),
-                      draft_stats=stats)
+                      draft_stats=stats, committed_BxN=committed)
       return self.shard(new)
 
     final = jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
     return self.result(final, final.accept_counts).replace(
         position_counts=final.position_counts,
         budget_counts=final.budget_counts if budgeted else None,
-        width_counts=final.width_counts, draft_stats=final.draft_stats)
+        width_counts=final.width_counts, draft_stats=final.draft_stats,
+        committed_BxN=final.committed_BxN)

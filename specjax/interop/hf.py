@@ -1,7 +1,7 @@
 """Hugging Face Llama / Qwen3 checkpoints <-> a specjax target in `run_dir/target/`.
 
   python -m specjax.interop import-hf HF_DIR RUN_DIR
-  python -m specjax.interop export-hf RUN_DIR OUT_DIR
+  python -m specjax.interop export-hf RUN_DIR OUT_DIR [--model=draft]
 
 Import reads one tensor at a time, lays it out as specjax's parameter, and puts it straight
 onto its sharding under the mesh (`make_array_from_callback`: each device receives only its
@@ -142,12 +142,15 @@ def import_hf(src: str, dst: str, mesh_shape: dict | None = None) -> str:
   return folder
 
 
-def export_hf(src: str, dst: str) -> str:
-  """Writes the target of run directory `src` as an HF checkpoint folder `dst` (config.json,
+def export_hf(src: str, dst: str, model: str = "target") -> str:
+  """Writes the target (or another transformer in the run directory, `model="draft"`: the
+  draft model) of run directory `src` as an HF checkpoint folder `dst` (config.json,
   model.safetensors written one tensor at a time, tokenizer and generation config)."""
-  target = run_dir_lib.load_target(src)
+  if model not in ("target", "draft"):
+    raise SpecjaxError(f"export-hf exports the target or the draft model, not '{model}'")
+  target = run_dir_lib.load_transformer(src, model)  # one-line error when it is missing
   cfg = target.model_cfg
-  folder = run_dir_lib.model_dir(src, "target")
+  folder = run_dir_lib.model_dir(src, model)
   special = run_dir_lib.load_special_ids(src)
   flat = dict(nnx.to_flat_state(target.params))
   table = name_table(cfg)
@@ -166,7 +169,7 @@ def export_hf(src: str, dst: str) -> str:
     for name in ("config.json",) + HF_SIDE_FILES:
       if os.path.exists(os.path.join(kept, name)):
         shutil.copyfile(os.path.join(kept, name), os.path.join(dst, name))
-  else:  # trained by specjax
+  else:  # trained by specjax (a draft model always: it has its own shape)
     train_cfg = target.config
     max_positions = int(train_cfg.get("seq_len", 0) or 4096)
     write_json(os.path.join(dst, "config.json"),
@@ -174,8 +177,9 @@ def export_hf(src: str, dst: str) -> str:
     write_json(os.path.join(dst, "generation_config.json"),
                 {"bos_token_id": special.bos_id, "eos_token_id": special.eos_id,
                  "pad_token_id": special.pad_id})
-  shutil.copyfile(os.path.join(folder, "tokenizer.json"), os.path.join(dst, "tokenizer.json"))
-  print(f"[export-hf] target of {src} -> {dst}", flush=True)
+  tok = os.path.join(run_dir_lib.model_dir(src, "target"), "tokenizer.json")  # the run's
+  shutil.copyfile(tok, os.path.join(dst, "tokenizer.json"))
+  print(f"[export-hf] {model} of {src} -> {dst}", flush=True)
   return dst
 
 

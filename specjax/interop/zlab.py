@@ -10,8 +10,12 @@ import-dflash reads `architectures`: DFlashDraftModel -> run_dir/dflash/, DFlash
 Their checkpoint: `config.json` (Qwen3 attention keys, `num_target_layers`, `block_size`,
 `dflash_config` {`target_layer_ids`, `mask_token_id`, optional `output_multiplier`,
 `final_logit_softcapping`, `input_embedding_scale`}) and safetensors `fc`, `hidden_norm`,
-`norm`, `layers.{i}.*` (a Qwen3 decoder layer). Their target layer id i is the output of
-decoder layer i, Hugging Face `hidden_states[i + 1]`: specjax feature layer i + 1.
+`norm`, `layers.{i}.*` (a Qwen3 decoder layer). A drafter without q/k norms (Llama-shaped,
+e.g. trained by specjax against SmolLM2) exports with `dflash_config.qk_norm: false` and no
+`q_norm` / `k_norm` tensors: Z Lab's stock code always applies them, so it computes this
+drafter only with those norms replaced by identity (bench/drafter_peers.py does this). Their
+target layer id i is the output of decoder layer i, Hugging Face `hidden_states[i + 1]`:
+specjax feature layer i + 1.
 
 DFlash 2 (`DFlash2DraftModel`) adds `dflash_config` {`conv_kernel_size`, `conv_group_size`,
 `selector_rank`, `selector_top_k`} and tensors `layers.{i}.{attention_conv,mlp_conv}.
@@ -53,13 +57,14 @@ _SELECTOR_TENSORS = {"hidden_projection.weight": (("hidden_projection",), 1),
 METHOD_ARCHITECTURE = {m: a for a, m in ARCHITECTURES.items()}
 
 
-def name_table(num_layers: int, method: str = "dflash") -> dict[str, tuple[tuple, int]]:
+def name_table(num_layers: int, method: str = "dflash",
+               qk_norm: bool = True) -> dict[str, tuple[tuple, int]]:
   """z-lab tensor name -> (specjax parameter path, n_in) (interop/layer_map.py)."""
   table = {"fc.weight": (("fc",), 1),
            "hidden_norm.weight": (("fc_norm", "scale"), 0),
            "norm.weight": (("final_norm", "scale"), 0)}
   for i in range(num_layers):
-    table.update(layer_map.decoder_layer(f"layers.{i}.", ("layers", i), qk_norm=True))
+    table.update(layer_map.decoder_layer(f"layers.{i}.", ("layers", i), qk_norm=qk_norm))
     if _selector_keys(method):
       for conv in ("attention_conv", "mlp_conv"):
         for name, (path, n_in) in _CONV_TENSORS.items():
@@ -158,7 +163,8 @@ def drafter_config(zlab: dict, target_cfg, source: str) -> ml_collections.Config
           "rope_theta": _rope_theta(zlab),
           "norm_eps": float(zlab.get("rms_norm_eps", 1e-6)),
           "rope_llama3_scaling": None,
-          "qk_norm": True,  # Qwen3 decoder layers, whatever the target
+          # Qwen3 decoder layers, whatever the target (false: exported by specjax, below)
+          "qk_norm": bool(value("qk_norm", True)),
       },
       "output_multiplier": float(value("output_multiplier", 1.0)),
       "final_logit_softcapping": float(softcap) if softcap else 0.0,
@@ -187,7 +193,7 @@ def import_dflash(src: str, run_dir: str):
   target_cfg = _target_cfg(run_dir)
   cfg = drafter_config(zlab, target_cfg, src)
   abstract = drafter_io.abstract_params(_builder(cfg.method), cfg, target_cfg)
-  table = name_table(cfg.num_layers, cfg.method)
+  table = name_table(cfg.num_layers, cfg.method, cfg.layer_shape.qk_norm)
   with open_tensors(src) as reader:
     for name in reader.names():  # codebooks saved by torch's save_pretrained
       if name.endswith("_codebook.weight") and name[:-len(".weight")] in table:
@@ -214,6 +220,9 @@ def export_config(cfg, target_cfg, method: str = "dflash") -> dict:
   base = json.loads(cfg.get("zlab_config_json", None) or "{}")
   extra = dict(base.get("dflash_config") or {})
   extra.update(target_layer_ids=[l - 1 for l in layers], mask_token_id=int(cfg.mask_token_id))
+  extra.pop("qk_norm", None)
+  if not layer.qk_norm:  # not Z Lab's layer: their stock code would apply q/k norms anyway
+    extra["qk_norm"] = False
   selector = _selector_keys(method)
   if "block_size" in extra or selector:  # DFlash 2's loader needs it
     extra["block_size"] = int(cfg.block_size)
@@ -246,6 +255,7 @@ def export_config(cfg, target_cfg, method: str = "dflash") -> dict:
 
 def export_dflash(run_dir: str, out_dir: str, method: str = "dflash"):
   """run_dir/<method>/ -> a z-lab checkpoint (config.json + model.safetensors) in out_dir."""
+  from specjax.drafters.dflash import layer_config
   build_model = _builder(method)
   folder = run_dir_lib.require_model_dir(run_dir, method)
   cfg = run_dir_lib.load_config(folder)
@@ -257,13 +267,16 @@ def export_dflash(run_dir: str, out_dir: str, method: str = "dflash"):
   abstract = drafter_io.abstract_params(build_model, cfg, target_cfg)
   params = drafter_io.flat(run_dir_lib.restore_params(folder, abstract))
   dtype = np.dtype(jnp.dtype(cfg.get("export_dtype", "float32")))
-  count = drafter_io.write_params(out_dir, name_table(cfg.num_layers, method), params, dtype)
+  qk_norm = bool(layer_config(cfg, target_cfg).qk_norm)
+  count = drafter_io.write_params(out_dir, name_table(cfg.num_layers, method, qk_norm), params,
+                                  dtype)
   config["dtype"] = config["torch_dtype"] = {"bfloat16": "bfloat16", "float16": "float16"}.get(
       dtype.name, "float32")
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2, sort_keys=True)
-  print(f"[export-{method}] {folder} -> {out_dir}: {count} tensors ({dtype.name})",
-        flush=True)
+  print(f"[export-{method}] {folder} -> {out_dir}: {count} tensors ({dtype.name})"
+        + ("" if qk_norm else "; no q/k norms (dflash_config.qk_norm=false): Z Lab's code "
+           "applies them unless replaced by identity"), flush=True)
 
 
 def export_dflash2(run_dir: str, out_dir: str):
