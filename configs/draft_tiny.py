@@ -17,6 +17,9 @@ def get_config():
   c.train_on = "corpus"  # corpus | regenerated (the block drafters' regenerated rows)
   # True (with train_on=regenerated): the target's outputs per row computed once, not per step
   c.feature_cache = False
+  # target layer ids: start as the target's shape with only these layers, its embedding and
+  # final norm (c.model's shape is then the target's); empty = a fresh model of c.model's shape
+  c.init_from_target = ()
   c.model = config_base.model_defaults()
   c.model.num_layers = 1
   c.model.d_model = 128

@@ -62,11 +62,16 @@ def get_config(method: str = "dflash"):
   if method in DRAFT_LAYERS:
     c.num_layers = c.num_feature_layers = DRAFT_LAYERS[method]
     c.block_size, c.gamma, c.num_anchors = 8, 4.0, 4
+    # Qwen3 decoder layers (q/k norms) whatever the target, as Z Lab's and speculators' DFlash
+    # define them: the trained drafters then load in both formats' stock code
+    c.layer_shape = ml_collections.ConfigDict({**c.get("layer_shape", {}), "qk_norm": True})
   else:
     c.train_on = "regenerated"
   if method == "draft":
-    # two layers at SmolLM2's width and head shape
-    c.model.update(dict(num_layers=2, d_model=576, num_heads=9, num_kv_heads=3, head_dim=64,
-                        mlp_dim=1536, rope_theta=100000.0, qk_norm=False))
+    # SmolLM2 truncated to its first two layers (its shape, embedding, final norm and layers
+    # 0-1: the early-exit start of self-speculative drafts), then distilled on the answers.
+    # Measured on 8 validation rows before training: top-1 agreement with the target 2.7%
+    # (layers [0, 29]: 0%; [28, 29]: 0.6%).
+    c.init_from_target = (0, 1)
   c.update(SETTINGS[method])
   return c

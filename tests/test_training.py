@@ -86,3 +86,37 @@ def test_target_learns_below_unigram_entropy(tiny_run):
   assert final["val_loss"] < rows[0]["val_unigram_entropy"] - 0.5
   for name in ("config.json", "tokenizer.json", "metrics.jsonl", "checkpoints"):
     assert os.path.exists(os.path.join(tiny_run, "target", name))
+
+
+def test_draft_initialised_from_target_layers_is_that_truncated_target():
+  """init_from_target: the draft model takes the target's shape, embedding, final norm and the
+  listed layers in the listed order. All layers in order reproduce the target's logits; a
+  reordered pair puts target layer 1 first (a copy by position, or of the wrong layers, fails)."""
+  import ml_collections
+  from flax import nnx
+  from specjax.models import Transformer, TransformerConfig
+  from specjax.training import draft
+
+  tcfg = TransformerConfig(vocab_size=64, num_layers=3, d_model=32, num_heads=4, num_kv_heads=2,
+                           head_dim=8, mlp_dim=48, qk_norm=False, norm_eps=1e-5)
+  target = Transformer(tcfg, rngs=nnx.Rngs(0))
+  tparams = nnx.state(target, nnx.Param)
+  tokens = jax.random.randint(jax.random.key(1), (2, 7), 0, 64)
+  for ids in ((0, 1, 2), (1, 0)):
+    cfg = ml_collections.ConfigDict({"model": {"num_layers": 9, "d_model": 8}})
+    cfg.lock()  # as train.py hands it over
+    dcfg = draft._truncated_target_config(cfg, tcfg, ids)
+    assert cfg.model.num_layers == len(ids) and cfg.model.d_model == 32
+    assert cfg.model.norm_eps == 1e-5 and dcfg.num_layers == len(ids)
+    model = Transformer(dcfg, rngs=nnx.Rngs(5))
+    params = draft.copy_target_layers(nnx.state(model, nnx.Param), tparams, ids)
+    nnx.update(model, params)
+    if ids == (0, 1, 2):
+      np.testing.assert_allclose(model(tokens).logits_BxTxV, target(tokens).logits_BxTxV,
+                                 atol=1e-5)
+    else:
+      np.testing.assert_array_equal(model.blocks[0].mlp.w_gate[...],
+                                    target.blocks[1].mlp.w_gate[...])
+      np.testing.assert_array_equal(model.embedding[...], target.embedding[...])
+  with pytest.raises(Exception, match="distinct target layer ids"):
+    draft._truncated_target_config(ml_collections.ConfigDict({"model": {}}), tcfg, (0, 3))
