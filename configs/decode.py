@@ -30,6 +30,8 @@ def get_config():
   c.batch_size = 4
   c.num_draft_tokens = 4  # K for draft-model, prompt-lookup and MTP drafters
   c.block_size = 8  # block drafters (B - 1 drafts per step)
+  # per-method K overriding num_draft_tokens, e.g. "mtp_parallel=4,mtp_sequential=4"
+  c.draft_tokens = ""
   # DFlash and parallel MTP at T > 0: "sample" draws each draft from its own processed
   # distribution q_k and verifies with q (as Z Lab's reference does); "argmax" proposes the
   # argmax, verified as a one-hot q. Both are lossless.

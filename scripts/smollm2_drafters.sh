@@ -3,7 +3,7 @@
 # each drafter of configs/smollm2.py on the target's own answers to instructions made from
 # Python sources (the first one generates them into RUN/regenerated/), each for the same
 # wall-clock budget, then decode 16 HumanEval and 16 MT-Bench prompts under the chat template
-# (greedy and T=1, batch 1, 7 drafts a step) with every trained drafter beside AR and prompt
+# (greedy and T=1, batch 1, 7 drafts a step, 4 for the 4-head MTP) with every trained drafter beside AR and prompt
 # lookup, into RUN/decode/<benchmark>_t<T>.json.
 #   bash scripts/smollm2_drafters.sh [run_dir] [methods]
 #   (default runs/smollm2 and every method; a rerun skips trained drafters and done decodes;
@@ -26,7 +26,8 @@ for bench in humaneval mtbench; do
       python decode.py --config.run_dir="$RUN" --config.methods="ar,prompt_lookup,$METHODS" \
           --config.prompts="$bench" --config.chat_template=true --config.num_prompts=16 \
           --config.max_new_tokens=128 --config.batch_size=1 --config.block_size=8 \
-          --config.num_draft_tokens=7 --config.cache_len=1024 --config.temperature="$t" \
+          --config.num_draft_tokens=7 --config.draft_tokens=mtp_parallel=4,mtp_sequential=4 \
+          --config.cache_len=1024 --config.temperature="$t" \
           --config.output_json="$out"
     fi
   done

@@ -48,9 +48,27 @@ def distinct_ngram_ratio(outputs: list[list[int]], n: int = 4) -> float:
   return distinct / total if total else float("nan")
 
 
+def method_config(cfg, method: str):
+  """cfg as `method` decodes with it: `draft_tokens` ("mtp_parallel=4,draft=7") overrides
+  num_draft_tokens per method (MTP can draft no more tokens than it has heads)."""
+  text = str(cfg.get("draft_tokens", "") or "")
+  over = {}
+  for item in [i.strip() for i in text.split(",") if i.strip()]:
+    name, _, k = item.partition("=")
+    if not k.strip().isdigit() or int(k) < 1:
+      raise SpecjaxError(f"draft_tokens={text!r}: expected method=K pairs, e.g. mtp_parallel=4")
+    methods_lib.get(name.strip())  # an unknown method is a one-line error
+    over[name.strip()] = int(k)
+  if method not in over:
+    return cfg
+  out = cfg.copy_and_resolve_references()
+  out.num_draft_tokens = over[method]
+  return out
+
+
 def lookahead(method: str, cfg) -> int:
   """Draft tokens per step for a method (0 for AR)."""
-  return methods_lib.num_drafts(method, cfg)
+  return methods_lib.num_drafts(method, method_config(cfg, method))
 
 
 def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int,
@@ -68,7 +86,8 @@ def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos
   if spec.prepare_params is not None:
     params = spec.prepare_params(params, weights_mode)
   decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
-                               layout=layout, drafter=drafter)
+                               layout=layout, drafter=drafter,
+                               record_steps=bool(cfg.get("record_steps", False)))
   return decoder, drafter, params
 
 
@@ -188,6 +207,7 @@ class Harness:
 
   def run(self, method: str, cfg) -> dict:
     """Decodes every prompt with one method and returns its SPEC section 4 entry."""
+    cfg = method_config(cfg, method)
     sampler, target = self.sampler, self.target
     batches, batch_sizes = make_batches(self.tokens, self.lens, cfg.batch_size)
     eos_id = self.special.eos_ids or self.special.eos_id  # stop on any EOS the model names
@@ -224,6 +244,10 @@ class Harness:
     }
     if methods_lib.get(method).sized_by_block:
       entry["block_size"] = cfg.block_size
+    if results[0].committed_BxN is not None:  # cfg.record_steps: tokens committed per step
+      entry["committed_per_step"] = [
+          [int(n) for n in row if n >= 0] for r, real in zip(results, batch_sizes)
+          for row in np.asarray(r.committed_BxN)[:real]]
     entry.update(budget_metrics(results, drafter))
     if cfg.measure_costs:
       entry.update(step_costs(cfg, target, drafter, dparams, sampler, self.lens, k))

@@ -55,15 +55,18 @@ def test_decode_writes_spec_metrics_for_every_method(tiny_run, tmp_path):
 
 def test_sampled_decode_with_the_target_as_drafter_accepts_everything(tiny_run, tmp_path):
   """The target copied in as the draft model: q = p at every draft, so every draft is
-  accepted (min(1, p/q) = 1) and tau is exactly K + 1, acceptance 1 at every position."""
+  accepted (min(1, p/q) = 1) and tau is exactly K + 1, acceptance 1 at every position. K is
+  the method's own (draft_tokens), not num_draft_tokens."""
   run = tmp_path / "run"
   shutil.copytree(os.path.join(tiny_run, "target"), run / "target")
   shutil.copytree(os.path.join(tiny_run, "target"), run / "draft")
-  cfg = decode_config(str(run), tmp_path, methods="draft", temperature=1.0, top_k=20)
+  cfg = decode_config(str(run), tmp_path, methods="draft", temperature=1.0, top_k=20,
+                      draft_tokens="draft=2")
   report = evaluate.main(cfg)["methods"]
+  assert cfg.num_draft_tokens == 4
   assert report["draft"]["lossless_check"] is None
-  assert report["draft"]["tau"] == cfg.num_draft_tokens + 1
-  assert report["draft"]["acceptance_per_position"] == [1.0] * cfg.num_draft_tokens
+  assert report["draft"]["num_draft_tokens"] == 2 and report["draft"]["tau"] == 3
+  assert report["draft"]["acceptance_per_position"] == [1.0] * 2
 
 
 def test_missing_method_folder_names_the_train_command(tiny_run, tmp_path):
@@ -87,6 +90,10 @@ def test_missing_run_dir_and_bad_prompts_are_clear_errors(tiny_run, tmp_path):
     evaluate.evaluate(decode_config(tiny_run, tmp_path, prompts=str(long)))
   with pytest.raises(SpecjaxError, match="unknown method 'medusa'"):
     evaluate.evaluate(decode_config(tiny_run, tmp_path, methods="medusa"))
+  with pytest.raises(SpecjaxError, match="unknown method 'medusa'"):
+    evaluate.evaluate(decode_config(tiny_run, tmp_path, draft_tokens="medusa=2"))
+  with pytest.raises(SpecjaxError, match="expected method=K pairs"):
+    evaluate.evaluate(decode_config(tiny_run, tmp_path, draft_tokens="prompt_lookup=0"))
 
 
 def test_checkpoint_with_other_shapes_is_a_clear_error(tiny_run, tmp_path, template_corpus_dir,
