@@ -501,6 +501,72 @@ def goals(tables, sweeps) -> list[list[str]]:
   return rows
 
 
+def benchmark_goals(tables) -> list[list[str]]:
+  """The real-model goals on one benchmark (batch 1): DFlash tau >= 3.5 at B=8, DSpark and
+  DFlash 2 15% above DFlash, DFlash above EAGLE-3, the best method 2x AR greedy and 1.5x at
+  T=1, every method lossless."""
+  rows = [["goal", "measured", "met", "what limits it"]]
+  t0 = tables.get(0.0, {})
+  d = t0.get("dflash")
+  if d is not None:
+    b = d.get("block_size", d.get("num_draft_tokens", 0) + 1)
+    rows.append(["DFlash tau >= 3.5 at B=8, greedy", f"{d['tau']:.2f} (B={b})",
+                 "yes" if d["tau"] >= 3.5 and b == 8 else "no", acceptance_limit(d)])
+    for other in ("dspark", "dflash2"):
+      if other in t0:
+        gain = t0[other]["tau"] / d["tau"] - 1
+        rows.append([f"{other} tau >= 15% above DFlash's, greedy", f"{gain:+.1%}",
+                     "yes" if gain >= 0.15 else "no", ""])
+    if "eagle3" in t0:
+      rows.append(["DFlash tau above EAGLE-3's, greedy",
+                   f"{d['tau']:.2f} vs {t0['eagle3']['tau']:.2f}",
+                   "yes" if d["tau"] > t0["eagle3"]["tau"] else "no", ""])
+  for temp, need in ((0.0, 2.0), (1.0, 1.5)):
+    table = tables.get(temp, {})
+    runs = [(e["speedup_vs_ar"], m) for m, e in table.items()
+            if m != "ar" and e.get("speedup_vs_ar") and e.get("batch_size") == 1]
+    if runs:
+      speed, m = max(runs)
+      rows.append([f"best method >= {need:g}x AR in wall clock, T={temp:g}",
+                   f"{speed:.2f}x ({m})", "yes" if speed >= need else "no",
+                   cost_limit(table[m], need)])
+  for temp, table in sorted(tables.items()):
+    checked = [m for m, e in table.items() if m != "ar" and "mismatched_outputs" in e]
+    if checked and temp == 0.0:
+      bad = [m for m in checked if table[m]["mismatched_outputs"]]
+      rows.append(["every method lossless (greedy: outputs equal AR's)",
+                   f"{len(checked) - len(bad)}/{len(checked)} methods token-equal",
+                   "yes" if not bad else "no", ", ".join(bad)])
+  return rows
+
+
+def load_peers(root: str) -> list[tuple[str, dict, dict[str, list[dict]]]]:
+  """[(file name, its args, {benchmark: rows})] from bench/peers.py's JSON files in the run
+  folder (peers*.json), one entry per run of the bench."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(root, "peers*.json"))):
+    with open(path) as f:
+      data = json.load(f)
+    rows = {b: e.get("rows", []) for b, e in data.get("benchmarks", {}).items()}
+    if rows:
+      out.append((os.path.basename(path), data.get("args", {}), rows))
+  return out
+
+
+def peers_table(rows: list[dict]) -> str:
+  """Each decoder's rows: tok/s, speedup over that decoder's own AR (rows from one
+  bench/peers.py run), tau where it has one, and prompts whose ids equal specjax AR's."""
+  table = [["decoder", "method", "tok/s", "x own AR", "tau", "ids equal to specjax AR",
+            "acceptance equal to specjax"]]
+  for r in rows:
+    acc = r.get("acceptance_equal")
+    table.append([r["decoder"], r["method"], fmt(r.get("tokens_per_second"), ".1f"),
+                  fmt(r.get("speedup_vs_own_ar"), ".2f", "x"), fmt(r.get("tau")),
+                  fmt(r.get("agreement"), ".0%"),
+                  acc if isinstance(acc, str) else fmt(acc, ".0%")])
+  return markdown(table)
+
+
 # ----------------------------------------------------------------------------- the report
 
 
@@ -549,7 +615,7 @@ def build(run_dir: str, out: str | None = None) -> str:
   out = out or os.path.join(root, "report")
   os.makedirs(out, exist_ok=True)
   tables, sweeps, training = load_tables(root), load_sweeps(root), load_training(root)
-  if not tables and not sweeps and not training and not benchmark_tables(root):
+  if not (tables or sweeps or training or benchmark_tables(root) or load_peers(root)):
     raise SpecjaxError(f"{root} holds no decode results or training metrics to report; run "
                        "train.py and decode.py (or scripts/reference.sh) into it first")
   md = [f"# Report: {run_dir}", "",
@@ -596,6 +662,17 @@ def build(run_dir: str, out: str | None = None) -> str:
     md += [f"## The claims on {bench}", "",
            markdown([["claim", "verdict", "figure and why"]] +
                     [[c, v, w] for c, (v, w) in claims(bench_tables, {})]), ""]
+  for name, args, per_bench in load_peers(root):
+    for bench, rows in per_bench.items():
+      md += [f"## Peers on {bench} ({name})", "",
+             f"`bench/peers.py`: the same prompt ids, {args.get('num_prompts', '?')} prompts x "
+             f"{args.get('max_new_tokens', '?')} new tokens, K={args.get('k', '?')}, batch 1, "
+             "greedy, every row from one run; speedups are over each decoder's own AR (Z Lab's "
+             "over transformers').", "", peers_table(rows), ""]
+  for bench, bench_tables in benchmark_tables(root).items():
+    g = benchmark_goals(bench_tables)
+    if len(g) > 1:
+      md += [f"## Goals on {bench}", "", markdown(g), ""]
   g = goals(tables, sweeps)
   if len(g) > 1:
     md += ["## Goals", "", markdown(g), ""]

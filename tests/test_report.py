@@ -303,3 +303,36 @@ def test_heldout_prompts_are_the_regenerated_validation_prefixes(tiny_run, tmp_p
   script.main([str(run), str(out), "--count", "2"])
   got = [json.loads(line)["prompt"] for line in out.read_text().splitlines()]
   assert got == [tokenizer_lib.decode(tok, ids[:6]), tokenizer_lib.decode(tok, ids[2:8])]
+
+
+def test_benchmark_goals_and_peers_follow_the_figures(tmp_path):
+  def table(temp, **taus):
+    out = {}
+    for m, (tau, speed) in taus.items():
+      out[m] = {"tau": tau, "speedup_vs_ar": speed, "batch_size": 1, "block_size": 8,
+                "mismatched_outputs": 0, "acceptance_per_position": [], "temperature": temp}
+    return out
+  t0 = table(0.0, ar=(1.0, 1.0), dflash=(3.6, 2.1), dspark=(4.2, 2.3), dflash2=(4.0, 1.9),
+             eagle3=(3.7, 1.8))
+  t0["dflash2"]["mismatched_outputs"] = 1
+  t1 = table(1.0, ar=(1.0, 1.0), dflash=(2.0, 1.4))
+  rows = {r[0]: (r[1], r[2], r[3]) for r in report.benchmark_goals({0.0: t0, 1.0: t1})[1:]}
+  assert rows["DFlash tau >= 3.5 at B=8, greedy"][:2] == ("3.60 (B=8)", "yes")
+  assert rows["dspark tau >= 15% above DFlash's, greedy"][:2] == ("+16.7%", "yes")
+  assert rows["dflash2 tau >= 15% above DFlash's, greedy"][:2] == ("+11.1%", "no")
+  assert rows["DFlash tau above EAGLE-3's, greedy"][1] == "no"
+  assert rows["best method >= 2x AR in wall clock, T=0"][:2] == ("2.30x (dspark)", "yes")
+  assert rows["best method >= 1.5x AR in wall clock, T=1"][:2] == ("1.40x (dflash)", "no")
+  assert rows["every method lossless (greedy: outputs equal AR's)"] == (
+      "3/4 methods token-equal", "no", "dflash2")
+  with open(tmp_path / "peers.json", "w") as f:
+    json.dump({"benchmarks": {"humaneval": {"rows": [
+        {"decoder": "specjax (gguf)", "method": "dflash", "tokens_per_second": 50.0,
+         "speedup_vs_own_ar": 0.5, "tau": 1.5, "agreement": 1.0},
+        {"decoder": "dflash (Z Lab)", "method": "dflash", "tokens_per_second": 20.0,
+         "speedup_vs_own_ar": 0.4, "tau": 1.5, "agreement": 0.75,
+         "acceptance_equal": "3/4"}]}}}, f)
+  [(name, _, peers)] = report.load_peers(str(tmp_path))
+  assert name == "peers.json"
+  text = report.peers_table(peers["humaneval"])
+  assert "| dflash (Z Lab) | dflash | 20.0 | 0.40x | 1.50 | 75% | 3/4 |" in text
