@@ -35,7 +35,7 @@ fi
 if [ "$STAGE" = "all" ]; then
   bash scripts/smollm2_drafters.sh "$RUN"
   if [ ! -f "$RUN/peers_drafters.json" ]; then
-    python bench/peers.py --run_dir="$RUN" --benchmarks=humaneval,mtbench --num_prompts=16 \
+    python bench/peers.py --run_dir="$RUN" --benchmarks=humaneval --num_prompts=8 \
         --max_new_tokens=128 --k=7 --peers=transformers --drafters=dflash,dflash2,draft \
         --out="$RUN/peers_drafters.json"
   fi
