@@ -148,9 +148,8 @@ class DecodeLoop:
 
   def start(self, target, tokens_BxP, lens_B, rng, feature_layers=(), lookahead: int = 0):
     """Prefill, then the first token (sampled from the prompt's last logits) committed.
-    Returns (cache, prefill output, rng, first_B, out_BxN, count_B, done_B, max_new_B)."""
+    Returns (cache, prefill output, rng, first_B, out_BxN, count_B, done_B)."""
     b = tokens_BxP.shape[0]
-    max_new_B = jnp.full((b,), self.max_new_tokens, jnp.int32)
     cache, pre_out, last_logits = prefill(target, tokens_BxP, lens_B, self.cache_len,
                                           feature_layers)
     rng, first_rng = jax.random.split(rng)
@@ -158,8 +157,12 @@ class DecodeLoop:
     zeros = jnp.zeros((b,), jnp.int32)
     out = jnp.zeros((b, self.max_new_tokens + lookahead + 1), jnp.int32)
     out, count, done = commit_tokens(out, zeros, zeros.astype(bool), first_B[:, None],
-                                     zeros + 1, max_new_B, self.eos_id)
-    return cache, pre_out, rng, first_B, out, count, done, max_new_B
+                                     zeros + 1, self.max_new_B(zeros), self.eos_id)
+    return cache, pre_out, rng, first_B, out, count, done
+
+  def max_new_B(self, count_B):
+    """Every row's token limit (the same for all: a row's count says where it stands)."""
+    return jnp.full_like(count_B, self.max_new_tokens)
 
   def result(self, final, accept_counts) -> DecodeResult:
     """The loop's final state (fields out_BxN, count_B, target_calls, steps_B, cache)."""
