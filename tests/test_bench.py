@@ -129,3 +129,25 @@ def test_peers_table_has_both_decoders_on_the_same_prompt_ids(tiny_run, tmp_path
   assert all(r["agreement"] == 1.0 and r["tokens_per_second"] > 0 for r in rows)
   printed = capsys.readouterr().out
   assert "AR tok/s relative to specjax's" in printed and "--- humaneval, first prompt" in printed
+
+
+def test_load_bench_serves_every_mode_with_outputs_equal_to_ar(tiny_run, tmp_path, capsys):
+  import load
+  out = tmp_path / "load.json"
+  load.main([f"--run_dir={tiny_run}", "--prompts=", "--num_prompts=5", "--chat_template=0",
+             "--methods=ar,prompt_lookup,draft", "--concurrency=1,3", "--max_new_tokens=12",
+             "--num_draft_tokens=3", "--cache_len=256", f"--out={out}"])
+  rows = json.loads(out.read_text())["rows"]
+  assert {(r["method"], r["concurrency"], r["mode"]) for r in rows} == {
+      (m, c, mode) for m in ("ar", "prompt_lookup", "draft") for c in (1, 3)
+      for mode in ("static", "queued", "poisson")}
+  for r in rows:
+    assert r["outputs_equal_ar"] == 5, r  # lossless, request by request
+    assert 0 < r["occupancy"] <= 1 and r["tokens_per_second"] > 0
+    if r["mode"] == "static":
+      assert r["host_round_trips"] == -(-5 // r["concurrency"])
+    else:  # one insert per request, one run call per finishing event at most
+      assert 5 < r["host_round_trips"] <= 10 or r["mode"] == "poisson"
+  printed = capsys.readouterr().out
+  assert "continuous (queued) over static batches" in printed
+  assert os.path.exists(tmp_path / "load.png")

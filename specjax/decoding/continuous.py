@@ -172,7 +172,10 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
     waiting = queue and any(o is None for o in owner)
     bound = step_bound if waiting else np.iinfo(np.int32).max
     state, steps = slots.run(params, state, jnp.int32(bound), jnp.bool_(True))
-    done = np.asarray(state.done_B)
+    # one transfer per run: the per-row counters and every row's tokens (C x N int32)
+    done, count, row_steps, out, committed = jax.device_get(
+        (state.done_B, state.count_B, state.steps_B, state.out_BxN,
+         getattr(state, "committed_BxN", None)))
     stats["runs"] += 1
     stats["loop_steps"] += int(steps)
     stats["slot_steps"] += int(steps) * slots.num_slots
@@ -180,16 +183,13 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
     for slot, i in enumerate(owner):
       if i is None or not done[slot]:
         continue
-      count = int(state.count_B[slot])
-      ids = [int(x) for x in np.asarray(state.out_BxN[slot, :count])]
+      ids = [int(x) for x in out[slot, :count[slot]]]
       if ids and ids[-1] in eos:
         ids = ids[:-1]
-      row_steps = int(state.steps_B[slot])
-      committed = getattr(state, "committed_BxN", None)
-      if committed is not None:
-        committed = [int(c) for c in np.asarray(committed[slot]) if c >= 0]
-      served[i] = Served(i, ids, slot, float(arrivals[i]), first[i], t, row_steps, committed)
-      stats["row_steps"] += row_steps
+      per_step = None if committed is None else [int(c) for c in committed[slot] if c >= 0]
+      served[i] = Served(i, ids, slot, float(arrivals[i]), first[i], t, int(row_steps[slot]),
+                         per_step)
+      stats["row_steps"] += int(row_steps[slot])
       owner[slot] = None
   stats["wall"] = clock() - start
   stats["target_calls"] = int(state.target_calls)
