@@ -101,13 +101,11 @@ def run_static(loop, params, prompts, concurrency, pad_id, rng):
 def run_continuous(loop, params, prompts, concurrency, pad_id, rng, arrivals=None,
                    step_bound=8):
   slots = Slots(loop, concurrency)
-  # warm-up: compile the insert for every prompt width, the run loop and the empty state
-  widths = {}
-  for i, p in enumerate(prompts):
-    widths.setdefault(-(-len(p) // 16), i)
-  serve(slots, params, [prompts[i] for i in widths.values()], rng, pad_id=pad_id)
+  width = -(-max(len(p) for p in prompts) // 16) * 16  # one width: one compiled insert
+  # warm-up: compile the insert, the run loop and the empty state
+  serve(slots, params, prompts[:1], rng, pad_id=pad_id, prompt_width=width)
   served, stats, _ = serve(slots, params, prompts, rng, pad_id=pad_id, arrivals=arrivals,
-                           step_bound=step_bound)
+                           step_bound=step_bound, prompt_width=width)
   return [r.tokens for r in served], {
       "wall": stats["wall"], "ttft": [r.ttft for r in served], "tpot": [r.tpot for r in served],
       "runs": stats["runs"], "inserts": stats["inserts"], "row_steps": stats["row_steps"],
@@ -253,7 +251,8 @@ def plot(results, path):
     ax.set_title(mode)
     ax.set_xlabel("concurrency")
   axes[0].set_ylabel("speed-up over AR (throughput)")
-  axes[-1].legend(fontsize=7)
+  if len({r["method"] for r in results}) > 1:
+    axes[-1].legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -92,7 +92,7 @@ def test_arrivals_over_time_wait_for_their_time(target, every_drafter, requests)
   arrivals = np.linspace(0.0, 0.3, len(prompts))[::-1]  # the last prompt arrives first
   slots = Slots(loop, 2)
   served, stats, _ = serve(slots, params, prompts, jax.random.key(1), pad_id=1,
-                           arrivals=arrivals, step_bound=2)
+                           arrivals=arrivals, step_bound=2, prompt_width=20)
   for r in served:
     assert r.first_token >= r.arrival
     assert r.finish >= r.first_token

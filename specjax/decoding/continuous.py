@@ -127,20 +127,29 @@ class Served:
 
 
 def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
-          arrivals=None, step_bound: int = 8, clock=time.perf_counter):
+          arrivals=None, step_bound: int = 8, prompt_width: int = 0,
+          clock=time.perf_counter):
   """Decodes every prompt through the C slots, in order of arrival (seconds from the start;
   None: all queued at once). Returns (list of Served by request, stats): stats counts the
   host round trips (`run` and `insert` calls), loop steps and row-steps spent on requests.
   While requests are still to arrive a `run` call stops after `step_bound` steps, so an
-  arrival waits at most that long for a free slot's refill."""
+  arrival waits at most that long for a free slot's refill. `prompt_width` pads every prompt
+  to one width (one compiled insert; 0: each to a multiple of 16, one insert per width)."""
   loop = slots.loop
   n = len(prompts)
   arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
   if arrivals.shape != (n,):
     raise SpecjaxError(f"{arrivals.shape[0]} arrival times for {n} prompts")
   eos = eos_set(loop.eos_id)
-  for p in prompts:
+  def padded(p):
     tokens, lens = pad_prompts([p], pad_id)
+    if prompt_width > tokens.shape[1]:
+      tokens = np.pad(tokens, ((0, 0), (0, prompt_width - tokens.shape[1])),
+                      constant_values=pad_id)
+    return tokens, lens
+
+  for p in prompts:
+    tokens, lens = padded(p)
     check_fits(lens, loop.max_new_tokens, loop.lookahead, loop.cache_len, tokens.shape[1])
   queue = collections.deque(sorted(range(n), key=lambda i: arrivals[i]))
   owner = [None] * slots.num_slots
@@ -155,7 +164,7 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
     for slot in range(slots.num_slots):
       if owner[slot] is None and queue and arrivals[queue[0]] <= now:
         i = queue.popleft()
-        tokens, lens = pad_prompts([prompts[i]], pad_id)
+        tokens, lens = padded(prompts[i])
         state = slots.insert(params, state, jnp.int32(slot), tokens, lens,
                              jax.random.fold_in(rng, i))
         owner[slot] = i
