@@ -66,17 +66,27 @@ def percentiles(xs):
   return {"p50": float(np.percentile(xs, 50)), "p90": float(np.percentile(xs, 90))}
 
 
-def run_static(loop, params, prompts, concurrency, pad_id, rng):
+def bucket_width(lengths, bucket):
+  """The padded prompt width: the longest prompt's rounded up to `bucket` (0: every prompt
+  padded to the longest of all, one compilation)."""
+  return -(-max(lengths) // (bucket or 16)) * (bucket or 16)
+
+
+def run_static(loop, params, prompts, concurrency, pad_id, rng, bucket=0):
   """Batches of C, one after another; per-request times as the static server sees them:
   every request of a batch gets its tokens when the batch ends."""
   eos = loop.eos_id
   batches = [prompts[i:i + concurrency] for i in range(0, len(prompts), concurrency)]
-  width = max(len(p) for p in prompts)
-  padded = [pad_prompts(b + [b[-1]] * (concurrency - len(b)), pad_id) for b in batches]
-  # one prompt width for all batches: one compilation
-  padded = [(np.pad(t, ((0, 0), (0, -(-width // 16) * 16 - t.shape[1])),
-                    constant_values=pad_id), l) for t, l in padded]
-  jax.block_until_ready(loop(*params, *padded[0], rng))  # compile
+  everyone = bucket_width([len(p) for p in prompts], 0)
+  padded = []
+  for b in batches:
+    tokens, lens = pad_prompts(b + [b[-1]] * (concurrency - len(b)), pad_id)
+    width = bucket_width(lens, bucket) if bucket else everyone
+    padded.append((np.pad(tokens, ((0, 0), (0, width - tokens.shape[1])),
+                          constant_values=pad_id), lens))
+  for width in sorted({t.shape[1] for t, _ in padded}):  # compile every width untimed
+    jax.block_until_ready(loop(*params, *next(x for x in padded if x[0].shape[1] == width),
+                               rng))
   outputs, ttft, tpot = [], [], []
   row_steps = slot_steps = 0
   start = time.perf_counter()
@@ -99,13 +109,18 @@ def run_static(loop, params, prompts, concurrency, pad_id, rng):
 
 
 def run_continuous(loop, params, prompts, concurrency, pad_id, rng, arrivals=None,
-                   step_bound=8):
+                   step_bound=8, bucket=0):
   slots = Slots(loop, concurrency)
-  width = -(-max(len(p) for p in prompts) // 16) * 16  # one width: one compiled insert
-  # warm-up: compile the insert, the run loop and the empty state
-  serve(slots, params, prompts[:1], rng, pad_id=pad_id, prompt_width=width)
+  # one width (one compiled insert), or each prompt to its bucket
+  width = 0 if bucket else bucket_width([len(p) for p in prompts], 0)
+  first = {}
+  for i, p in enumerate(prompts):
+    first.setdefault(width or bucket_width([len(p)], bucket), i)
+  # warm-up: compile every insert width, the run loop and the empty state
+  serve(slots, params, [prompts[i] for i in first.values()], rng, pad_id=pad_id,
+        prompt_width=width, prompt_bucket=bucket)
   served, stats, _ = serve(slots, params, prompts, rng, pad_id=pad_id, arrivals=arrivals,
-                           step_bound=step_bound, prompt_width=width)
+                           step_bound=step_bound, prompt_width=width, prompt_bucket=bucket)
   return [r.tokens for r in served], {
       "wall": stats["wall"], "ttft": [r.ttft for r in served], "tpot": [r.tpot for r in served],
       "runs": stats["runs"], "inserts": stats["inserts"], "row_steps": stats["row_steps"],
@@ -137,6 +152,8 @@ def main(argv=None):
   ap.add_argument("--load", type=float, default=0.7,
                   help="Poisson rate as a fraction of AR's queued request rate at that C")
   ap.add_argument("--step_bound", type=int, default=8)
+  ap.add_argument("--prompt_bucket", type=int, default=0,
+                  help="pad prompts to a multiple of this (0: all to the longest; one compile)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default="")
   args = ap.parse_args(argv)
@@ -169,15 +186,16 @@ def main(argv=None):
       loop, params = decoder_for(harness, cfg, method, c)
       for mode in modes:
         if mode == "static":
-          out, raw = run_static(loop, params, prompts, c, pad, rng)
+          out, raw = run_static(loop, params, prompts, c, pad, rng, args.prompt_bucket)
         elif mode == "queued":
-          out, raw = run_continuous(loop, params, prompts, c, pad, rng)
+          out, raw = run_continuous(loop, params, prompts, c, pad, rng,
+                                    bucket=args.prompt_bucket)
         else:
           gaps = np.random.default_rng(args.seed).exponential(1.0 / (args.load * ar_rate),
                                                               len(prompts))
           out, raw = run_continuous(loop, params, prompts, c, pad, rng,
                                     arrivals=np.cumsum(gaps) - gaps[0],
-                                    step_bound=args.step_bound)
+                                    step_bound=args.step_bound, bucket=args.prompt_bucket)
         row = {"method": method, "concurrency": c, "mode": mode, **summarize(out, raw)}
         if method == "ar":
           ar_out[mode] = (out, row["tokens_per_second"])
@@ -196,14 +214,19 @@ def main(argv=None):
               f"equal {row.get('outputs_equal_ar', '-')}/{len(prompts)}", flush=True)
       del loop, params
       jax.clear_caches()
+      save(results, args, len(prompts))  # after every method: a stopped run keeps its rows
   print_tables(results)
-  report = {"args": vars(args), "num_prompts": len(prompts), "rows": results}
+  out_path = save(results, args, len(prompts))
+  print(f"wrote {out_path}")
+
+
+def save(results, args, num_prompts) -> str:
   out_path = args.out or os.path.join(args.run_dir, "load.json")
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path, "w") as f:
-    json.dump(report, f, indent=1)
+    json.dump({"args": vars(args), "num_prompts": num_prompts, "rows": results}, f, indent=1)
   plot(results, os.path.splitext(out_path)[0] + ".png")
-  print(f"wrote {out_path}")
+  return out_path
 
 
 def print_tables(results):

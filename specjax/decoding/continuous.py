@@ -128,13 +128,14 @@ class Served:
 
 def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
           arrivals=None, step_bound: int = 8, prompt_width: int = 0,
-          clock=time.perf_counter):
+          prompt_bucket: int = 16, clock=time.perf_counter):
   """Decodes every prompt through the C slots, in order of arrival (seconds from the start;
   None: all queued at once). Returns (list of Served by request, stats): stats counts the
   host round trips (`run` and `insert` calls), loop steps and row-steps spent on requests.
   While requests are still to arrive a `run` call stops after `step_bound` steps, so an
   arrival waits at most that long for a free slot's refill. `prompt_width` pads every prompt
-  to one width (one compiled insert; 0: each to a multiple of 16, one insert per width)."""
+  to one width (one compiled insert; 0: each to a multiple of `prompt_bucket`, one compiled
+  insert per width)."""
   loop = slots.loop
   n = len(prompts)
   arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
@@ -142,7 +143,7 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
     raise SpecjaxError(f"{arrivals.shape[0]} arrival times for {n} prompts")
   eos = eos_set(loop.eos_id)
   def padded(p):
-    tokens, lens = pad_prompts([p], pad_id)
+    tokens, lens = pad_prompts([p], pad_id, prompt_bucket or 16)
     if prompt_width > tokens.shape[1]:
       tokens = np.pad(tokens, ((0, 0), (0, prompt_width - tokens.shape[1])),
                       constant_values=pad_id)
