@@ -176,11 +176,12 @@ def to_lists(result: DecodeResult, eos_id) -> list[list[int]]:
   """Host side: each row's generated ids, without the EOS that ended it."""
   tokens = np.asarray(result.tokens_BxN)
   counts = np.asarray(result.num_tokens_B)
-  eos = eos_set(eos_id)
-  rows = []
-  for row, n in zip(tokens, counts):
-    ids = [int(t) for t in row[:n]]
-    if ids and ids[-1] in eos:
-      ids = ids[:-1]
-    rows.append(ids)
-  return rows
+  return [row_ids(row, n, eos_id) for row, n in zip(tokens, counts)]
+
+
+def row_ids(row, count, eos_id) -> list[int]:
+  """One row's first `count` generated ids, without the EOS that ended it."""
+  ids = [int(t) for t in row[:count]]
+  if ids and ids[-1] in eos_set(eos_id):
+    ids = ids[:-1]
+  return ids

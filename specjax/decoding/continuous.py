@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.decoding.common import DecodeLoop, check_fits, eos_set, pad_prompts
+from specjax.decoding.common import DecodeLoop, check_fits, pad_prompts, row_ids
 from specjax.errors import SpecjaxError
 
 NO_AXIS = -1
@@ -141,7 +141,6 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
   arrivals = np.zeros(n) if arrivals is None else np.asarray(arrivals, float)
   if arrivals.shape != (n,):
     raise SpecjaxError(f"{arrivals.shape[0]} arrival times for {n} prompts")
-  eos = eos_set(loop.eos_id)
   def padded(p):
     tokens, lens = pad_prompts([p], pad_id, prompt_bucket or 16)
     if prompt_width > tokens.shape[1]:
@@ -193,9 +192,7 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
     for slot, i in enumerate(owner):
       if i is None or not done[slot]:
         continue
-      ids = [int(x) for x in out[slot, :count[slot]]]
-      if ids and ids[-1] in eos:
-        ids = ids[:-1]
+      ids = row_ids(out[slot], int(count[slot]), loop.eos_id)
       per_step = None if committed is None else [int(c) for c in committed[slot] if c >= 0]
       served[i] = Served(i, ids, slot, float(arrivals[i]), first[i], t, int(row_steps[slot]),
                          per_step)
