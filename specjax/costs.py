@@ -37,17 +37,28 @@ def _wall(fn, *args) -> float:
   return time.perf_counter() - t
 
 
-def slopes(calls, inner: int, reps: int) -> list[float]:
+# a timing stops taking runs once it has spent this long (after MIN_REPS): at a large batch
+# one run of a verify loop takes seconds, and 15 of them per width made start-up take minutes
+BUDGET_SECONDS = 30.0
+MIN_REPS = 3
+
+
+def slopes(calls, inner: int, reps: int, budget: float | None = None) -> list[float]:
   """For each (many, args) in calls, the slope of `many(*args, trips)`'s wall time in trips
-  between inner and 2 x inner: fastest of `reps` runs each, every call's runs interleaved
+  between inner and 2 x inner: fastest of `reps` runs each (fewer, but at least MIN_REPS,
+  once `budget` seconds are spent; default BUDGET_SECONDS), every call's runs interleaved
   with the others' (so that figures meant to be compared see the same moments)."""
+  budget = BUDGET_SECONDS if budget is None else budget
   for many, args in calls:
     jax.block_until_ready(many(*args, inner))  # compile (once per shape)
   short, long = np.full((2, len(calls), reps), np.inf)
+  start = time.perf_counter()
   for r in range(reps):
     for i, (many, args) in enumerate(calls):
       short[i, r] = _wall(many, *args, inner)
       long[i, r] = _wall(many, *args, 2 * inner)
+    if r + 1 >= MIN_REPS and time.perf_counter() - start > budget:
+      break
   out = []
   for s, l in zip(short.min(1), long.min(1)):
     # a slope this noisy is no measurement; the intercept-inclusive figure bounds it above

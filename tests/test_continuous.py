@@ -3,11 +3,14 @@ batch-1 decode gives (tokens and the tokens committed at every step), whatever i
 its neighbours, for AR and every drafter; at T = 1 the second wave of requests, decoded in
 slots the first wave used, samples the target's exact marginals."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
 from decoding_helpers import random_prompts, tiny_model
+from specjax import sharding
 from specjax.decoding.ar import ARDecoder
 from specjax.decoding.common import pad_prompts, to_lists
 from specjax.decoding.continuous import Slots, serve
@@ -130,3 +133,32 @@ def test_bad_requests_are_one_line_errors(target, every_drafter, requests):
     serve(Slots(loop, 2), params, prompts, jax.random.key(0), pad_id=1, arrivals=[0.0])
   with pytest.raises(SpecjaxError, match="cache_len"):
     serve(Slots(loop, 2), params, [[2] * 40], jax.random.key(0), pad_id=1)
+
+
+def test_a_request_its_first_token_ends_leaves_at_once(target, every_drafter, requests):
+  """max_new_tokens = 1: every request is done by its insert; none waits for a run."""
+  prompts, eos = requests
+  loop, params = loop_for("dflash_argmax", target, every_drafter, eos, new=1)
+  served, stats, _ = serve(Slots(loop, 2), params, prompts, jax.random.key(1), pad_id=1)
+  assert stats.get("runs", 0) == 0 and stats["inserts"] == len(prompts)
+  for r in served:
+    assert r.finish == r.first_token
+    tokens, lens = pad_prompts([prompts[r.index]], 1)
+    assert r.tokens == to_lists(loop(*params, tokens, lens, jax.random.key(1)), eos)[0]
+
+
+def test_slots_over_a_mesh_serve_what_one_device_serves(target, every_drafter, requests):
+  """4 slots over a 2 x 4 (data x tensor) mesh of the 8 host devices: the same tokens and
+  per-step commits per request as on one device, with the state really split by rows."""
+  prompts, eos = requests
+  lay = sharding.Layout(sharding.make_mesh({"data": 2, "tensor": 4}))
+  for method in ("ar", "draft_model", "dflash_argmax", "dspark_threshold"):
+    loop, params = loop_for(method, target, every_drafter, eos)
+    one, _, _ = serve(Slots(loop, 4), params, prompts, jax.random.key(1), pad_id=1)
+    meshed = dataclasses.replace(loop, layout=lay)
+    placed = tuple(lay.params(x) for x in params)
+    got, _, state = serve(Slots(meshed, 4), placed, prompts, jax.random.key(1), pad_id=1)
+    for a, b in zip(one, got):
+      assert (a.tokens, a.committed, a.steps) == (b.tokens, b.committed, b.steps), method
+    assert not state.pending_B.sharding.is_fully_replicated, method
+    jax.clear_caches()

@@ -45,6 +45,18 @@ def test_slope_takes_the_fastest_runs(monkeypatch):
   assert costs.seconds_per_call(many, (), inner=4, reps=3) == pytest.approx(0.5e-3)
 
 
+def test_slopes_stop_taking_runs_once_their_budget_is_spent(monkeypatch):
+  clock = FakeClock()
+  monkeypatch.setattr(costs.time, "perf_counter", clock)
+  quick = clock.program(0.0, 0.01)  # a run of 10 + 20 trips: 0.3 s, 15 runs within budget
+  assert costs.seconds_per_call(quick, (), inner=10, reps=15) == pytest.approx(0.01)
+  assert clock.calls == 1 + 2 * 15
+  clock.calls = 0
+  slow = clock.program(0.0, 0.1)  # 3 s a run: a 5 s budget is spent after 2 runs, 3 taken
+  assert costs.slopes([(slow, ())], inner=10, reps=15, budget=5.0) == pytest.approx([0.1])
+  assert clock.calls == 1 + 2 * costs.MIN_REPS
+
+
 def test_draft_cost_is_the_drafters_marginal_cost_next_to_the_target(monkeypatch):
   g, p = tiny_model(61, seed=0)
   dg, dp = tiny_model(61, seed=1, layers=1, d=32)

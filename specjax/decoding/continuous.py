@@ -148,47 +148,22 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
                       constant_values=pad_id)
     return tokens, lens
 
-  for p in prompts:
-    tokens, lens = padded(p)
+  requests = [padded(p) for p in prompts]  # padded once: the fit check, then the insert
+  for tokens, lens in requests:
     check_fits(lens, loop.max_new_tokens, loop.lookahead, loop.cache_len, tokens.shape[1])
   queue = collections.deque(sorted(range(n), key=lambda i: arrivals[i]))
   owner = [None] * slots.num_slots
   first = {}
   served = [None] * n
   stats = collections.Counter()
-  state = jax.block_until_ready(slots.empty(params, jax.random.fold_in(rng, n)))
-  start = clock()
-  while queue or any(o is not None for o in owner):
-    now = clock() - start
-    admitted = []
-    for slot in range(slots.num_slots):
-      if owner[slot] is None and queue and arrivals[queue[0]] <= now:
-        i = queue.popleft()
-        tokens, lens = padded(prompts[i])
-        state = slots.insert(params, state, jnp.int32(slot), tokens, lens,
-                             jax.random.fold_in(rng, i))
-        owner[slot] = i
-        admitted.append(i)
-        stats["inserts"] += 1
-    if admitted:
-      jax.block_until_ready(state.pending_B)
-      for i in admitted:
-        first[i] = clock() - start
-    if all(o is None for o in owner):  # nothing running: wait for the next arrival
-      time.sleep(max(0.0, arrivals[queue[0]] - (clock() - start)))
-      continue
-    # a free slot waiting for a later arrival: come back within step_bound steps
-    waiting = queue and any(o is None for o in owner)
-    bound = step_bound if waiting else np.iinfo(np.int32).max
-    state, steps = slots.run(params, state, jnp.int32(bound), jnp.bool_(True))
-    # one transfer per run: the per-row counters and every row's tokens (C x N int32)
+
+  def collect(state, t):
+    """Frees every slot whose request is done (one transfer: the per-row counters and every
+    row's tokens, C x N int32). Returns how many it freed."""
     done, count, row_steps, out, committed = jax.device_get(
         (state.done_B, state.count_B, state.steps_B, state.out_BxN,
          getattr(state, "committed_BxN", None)))
-    stats["runs"] += 1
-    stats["loop_steps"] += int(steps)
-    stats["slot_steps"] += int(steps) * slots.num_slots
-    t = clock() - start
+    freed = 0
     for slot, i in enumerate(owner):
       if i is None or not done[slot]:
         continue
@@ -198,6 +173,42 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
                          per_step)
       stats["row_steps"] += int(row_steps[slot])
       owner[slot] = None
+      freed += 1
+    return freed
+
+  state = jax.block_until_ready(slots.empty(params, jax.random.fold_in(rng, n)))
+  start = clock()
+  while queue or any(o is not None for o in owner):
+    now = clock() - start
+    admitted = []
+    for slot in range(slots.num_slots):
+      if owner[slot] is None and queue and arrivals[queue[0]] <= now:
+        i = queue.popleft()
+        tokens, lens = requests[i]
+        state = slots.insert(params, state, jnp.int32(slot), tokens, lens,
+                             jax.random.fold_in(rng, i))
+        owner[slot] = i
+        admitted.append(slot)
+        stats["inserts"] += 1
+    if admitted:
+      jax.block_until_ready(state.pending_B)
+      t = clock() - start
+      for slot in admitted:
+        first[owner[slot]] = t
+      # a request its first token already ends (EOS, or max_new_tokens = 1) leaves at once
+      if np.asarray(jax.device_get(state.done_B))[admitted].any() and collect(state, t):
+        continue
+    if all(o is None for o in owner):  # nothing running: wait for the next arrival
+      time.sleep(max(0.0, arrivals[queue[0]] - (clock() - start)))
+      continue
+    # a free slot waiting for a later arrival: come back within step_bound steps
+    waiting = queue and any(o is None for o in owner)
+    bound = step_bound if waiting else np.iinfo(np.int32).max
+    state, steps = slots.run(params, state, jnp.int32(bound), jnp.bool_(True))
+    stats["runs"] += 1
+    stats["loop_steps"] += int(steps)
+    stats["slot_steps"] += int(steps) * slots.num_slots
+    collect(state, clock() - start)
   stats["wall"] = clock() - start
   stats["target_calls"] = int(state.target_calls)
   return served, dict(stats), state
