@@ -21,6 +21,12 @@ pass per method and C).
 
 A method is a registry name, optionally `name:schedule` for DSpark's verify budget (fixed,
 threshold, load_aware; the load-aware schedule's step costs are measured at each C).
+
+  python bench/load.py --merge=RUN/load_a.json,RUN/load_b.json --out=RUN/load_all.json
+
+decodes nothing: it prints the tables and draws one plot of the rows of several runs (a
+later file's row replaces an earlier one's for the same method, C and mode; each speed-up
+stays the one measured against AR in its own run).
 """
 
 from __future__ import annotations
@@ -156,7 +162,11 @@ def main(argv=None):
                   help="pad prompts to a multiple of this (0: all to the longest; one compile)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out", default="")
+  ap.add_argument("--merge", default="",
+                  help="comma-separated load JSONs: print and plot their rows, decode nothing")
   args = ap.parse_args(argv)
+  if args.merge:
+    return merge([f for f in args.merge.split(",") if f], args)
   methods = [m for m in args.methods.split(",") if m]
   modes = [m for m in args.modes.split(",") if m]
   if methods[0] != "ar":
@@ -220,6 +230,22 @@ def main(argv=None):
   print(f"wrote {out_path}")
 
 
+def merge(paths, args):
+  rows = {}
+  for path in paths:
+    try:
+      with open(path) as f:
+        found = json.load(f)["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise SystemExit(f"load.py: {path} is not a load.py JSON ({type(e).__name__}: {e})")
+    for r in found:
+      rows[(r["method"], r["concurrency"], r["mode"])] = r
+  results = list(rows.values())
+  print_tables(results)
+  args.out = args.out or os.path.join(args.run_dir, "load_merged.json")
+  print(f"wrote {save(results, args, None)}")
+
+
 def save(results, args, num_prompts) -> str:
   out_path = args.out or os.path.join(args.run_dir, "load.json")
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
@@ -263,19 +289,25 @@ def plot(results, path):
     import matplotlib.pyplot as plt
   except ImportError:
     return
-  fig, axes = plt.subplots(1, len(MODES), figsize=(5 * len(MODES), 4), sharey=True)
-  for ax, mode in zip(axes, MODES):
+  modes = [m for m in MODES if any(r["mode"] == m for r in results)]
+  methods = list(dict.fromkeys(r["method"] for r in results))
+  colors = plt.get_cmap("tab20")(np.linspace(0, 1, 20))
+  fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes) + 1, 4), sharey=True,
+                           squeeze=False)
+  for ax, mode in zip(axes[0], modes):
     rows = [r for r in results if r["mode"] == mode]
-    for m in dict.fromkeys(r["method"] for r in rows):
+    for i, m in enumerate(methods):  # one colour and marker per method in every panel
       pts = sorted((r["concurrency"], r["speedup_over_ar"]) for r in rows if r["method"] == m)
-      ax.plot(*zip(*pts), marker="o", label=m)
+      if pts:
+        ax.plot(*zip(*pts), marker="os^vD"[i % 5], color=colors[(2 * i) % 20 + (i >= 10)],
+                label=m)
     ax.set_xscale("log", base=2)
     ax.axhline(1.0, color="gray", lw=0.5)
     ax.set_title(mode)
     ax.set_xlabel("concurrency")
-  axes[0].set_ylabel("speed-up over AR (throughput)")
-  if len({r["method"] for r in results}) > 1:
-    axes[-1].legend(fontsize=7)
+  axes[0][0].set_ylabel("speed-up over AR (throughput)")
+  if len(methods) > 1:
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -4,6 +4,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -151,3 +153,16 @@ def test_load_bench_serves_every_mode_with_outputs_equal_to_ar(tiny_run, tmp_pat
   printed = capsys.readouterr().out
   assert "continuous (queued) over static batches" in printed
   assert os.path.exists(tmp_path / "load.png")
+  # --merge: one table and plot from several runs; a later file's row replaces an earlier one's
+  later = tmp_path / "later.json"
+  extra = dict(rows[-1], concurrency=7)
+  changed = dict(rows[0], tokens_per_second=-1.0)
+  later.write_text(json.dumps({"rows": [extra, changed]}))
+  merged = tmp_path / "merged.json"
+  load.main([f"--merge={out},{later}", f"--out={merged}"])
+  got = json.loads(merged.read_text())["rows"]
+  assert len(got) == len(rows) + 1 and changed in got and rows[0] not in got
+  assert "| C=1 | C=3 | C=7 |" in capsys.readouterr().out
+  assert os.path.exists(tmp_path / "merged.png")
+  with pytest.raises(SystemExit, match="not a load.py JSON"):
+    load.main([f"--merge={tmp_path / 'missing.json'}"])
