@@ -73,8 +73,8 @@ def percentiles(xs):
 
 
 def bucket_width(lengths, bucket):
-  """The padded prompt width: the longest prompt's rounded up to `bucket` (0: every prompt
-  padded to the longest of all, one compilation)."""
+  """The longest of `lengths` rounded up to a multiple of `bucket` (0: of 16). Callers pass
+  every prompt's length for one width (one compilation), or a batch's / one prompt's."""
   return -(-max(lengths) // (bucket or 16)) * (bucket or 16)
 
 

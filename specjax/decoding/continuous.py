@@ -191,12 +191,13 @@ def serve(slots: Slots, params, prompts: list[list[int]], rng, *, pad_id: int,
         admitted.append(slot)
         stats["inserts"] += 1
     if admitted:
-      jax.block_until_ready(state.pending_B)
+      # one transfer waits for the inserts (their outputs are ready together) and says
+      # whether a request's first token already ended it (EOS, or max_new_tokens = 1)
+      done_now = np.asarray(jax.device_get(state.done_B))
       t = clock() - start
       for slot in admitted:
         first[owner[slot]] = t
-      # a request its first token already ends (EOS, or max_new_tokens = 1) leaves at once
-      if np.asarray(jax.device_get(state.done_B))[admitted].any() and collect(state, t):
+      if done_now[admitted].any() and collect(state, t):  # such a request leaves at once
         continue
     if all(o is None for o in owner):  # nothing running: wait for the next arrival
       time.sleep(max(0.0, arrivals[queue[0]] - (clock() - start)))
