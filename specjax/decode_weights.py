@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from flax import nnx
+
 from specjax.errors import SpecjaxError
 from specjax.interop import gguf_blocks
 from specjax.kernels import cpu
@@ -58,5 +60,12 @@ def prepare(model, run_dir: str, mode: str):
 
 
 def prepare_draft(params, mode: str):
-  """A draft model's parameters (a transformer trained here: float32 or bfloat16)."""
-  return params if mode == "xla" else weights.pack_state(params)
+  """A drafter's parameters (trained here: float32 or bfloat16) with every projection weight
+  packed for the CPU kernel unless `mode` is xla. A dict of states (EAGLE-3's model beside its
+  draft vocabulary) has each state packed and its arrays kept."""
+  if mode == "xla":
+    return params
+  if isinstance(params, dict):
+    return {k: prepare_draft(v, mode) if isinstance(v, (dict, nnx.State)) else v
+            for k, v in params.items()}
+  return weights.pack_state(params)

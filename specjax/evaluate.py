@@ -74,17 +74,13 @@ def lookahead(method: str, cfg) -> int:
 def make_decoder(method: str, cfg, target, sampler: Sampler, cache_len: int, eos_id: int,
                  layout=None, weights_mode: str = "xla"):
   """(decoder, drafter, drafter params); AR has no drafter. With a sharding.Layout the loop
-  runs over its mesh and the drafter's parameters are placed on it; a draft model's weights
-  are held as `weights_mode` says (decode_weights)."""
+  runs over its mesh and the drafter's parameters are placed on it; a drafter's weights are
+  held as `weights_mode` says (decode_weights, methods.build)."""
   spec = methods_lib.get(method)
   if spec.build is None:
     return ARDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                      layout=layout), None, None
-  drafter, params = spec.build(cfg, target)
-  if layout is not None:
-    params = layout.params(params)
-  if spec.prepare_params is not None:
-    params = spec.prepare_params(params, weights_mode)
+  drafter, params = methods_lib.build(method, cfg, target, weights_mode, layout)
   decoder = SpeculativeDecoder(target.graphdef, sampler, cfg.max_new_tokens, cache_len, eos_id,
                                layout=layout, drafter=drafter,
                                record_steps=bool(cfg.get("record_steps", False)))

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import acceptance_replay  # noqa: E402
 import ar_decode  # noqa: E402
+import drafter_weights  # noqa: E402
 import loop_efficiency  # noqa: E402
 import loop_kernels  # noqa: E402
 import step_costs  # noqa: E402
@@ -38,6 +39,17 @@ def test_step_cost_curves_of_every_mode_and_peer_are_written(tiny_run, tmp_path,
       limit = curve["limit_seconds"]
       assert 0 < limit["1"] <= limit["5"]
   assert "read bandwidth" in capsys.readouterr().out
+
+
+def test_drafter_weights_bench_times_every_trained_drafter_both_ways(tiny_run, tmp_path,
+                                                                     capsys):
+  out = tmp_path / "drafters.json"
+  drafter_weights.main([f"--run_dir={tiny_run}", "--context_len=16", "--num_draft_tokens=3",
+                        "--reps=1", "--inner=2", f"--out={out}"])
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["method"] for r in rows] == ["draft"]  # the tiny run's only trained drafter
+  assert rows[0]["K"] == 3 and rows[0]["xla"] >= 0 and rows[0]["packed"] >= 0
+  assert "faster" in capsys.readouterr().out
 
 
 def test_numpy_peer_computes_the_target(tiny_run):

@@ -4,6 +4,7 @@ lowers validation loss and raises block acceptance."""
 import json
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -126,3 +127,32 @@ def test_trained_dflash_through_the_harness(trained, tmp_path):
     assert report["lossless_check"] is True and report["block_size"] == block_size
     assert len(report["acceptance_per_position"]) == block_size - 1
     assert report["tau"] > 1.5  # the drafter learned something real
+
+
+def test_trained_drafter_weights_are_packed_with_the_target_and_draft_alike(trained, tmp_path):
+  """target_weights=kernel packs the drafter's decoder layers for the CPU kernel too (the
+  same values): the same prompts then draft the same tokens as with XLA's dot."""
+  from specjax import evaluate
+  from specjax.kernels import cpu
+  from specjax.models import weights
+  from test_decode import decode_config
+  if not cpu.available():
+    pytest.skip("no C++ compiler for the kernel")
+  reports = {}
+  for mode in ("xla", "kernel"):
+    cfg = decode_config(trained, tmp_path, methods="dflash", block_size=8, max_new_tokens=24,
+                        target_weights=mode)
+    harness = evaluate.Harness(cfg, ["ar", "dflash"])
+    _, _, dparams = evaluate.make_decoder("dflash", cfg, harness.target, harness.sampler,
+                                          cfg.cache_len, -1, None, harness.weights_mode)
+    leaves = jax.tree.leaves(dparams, is_leaf=lambda x: isinstance(x, weights.PackedWeight))
+    packed = [x for x in leaves if isinstance(x, weights.PackedWeight)]
+    # every layer's q/o and MLP at least (k/v too where their width is a multiple of 32)
+    if mode == "xla":
+      assert not packed
+    else:
+      assert len(packed) >= 5 * len(dparams["layers"])
+    harness.run("ar", cfg)
+    reports[mode] = harness.run("dflash", cfg)
+    assert reports[mode]["lossless_check"] is True
+  assert reports["kernel"]["accept_histogram"] == reports["xla"]["accept_histogram"]

@@ -40,6 +40,9 @@ class Method:
   plan_model: Callable | None = None
   # decode weights: (drafter params, target_weights mode) -> params as the loop holds them
   prepare_params: Callable | None = None
+  # (drafter, its params as the loop holds them, decode config, target) -> the drafter, after
+  # measurements it needs of that very pair (DSpark's load-aware step costs)
+  calibrate: Callable | None = None
   # the batch sweep also decodes these (variant name, decode settings): settings that exist
   # for load (DSpark's load-aware schedule)
   load_variants: tuple[tuple[str, dict], ...] = ()
@@ -92,12 +95,21 @@ def num_drafts(name: str, cfg) -> int:
   return int(cfg.block_size) - 1 if m.sized_by_block else int(cfg.num_draft_tokens)
 
 
-def build(name: str, cfg, target):
-  """(drafter, drafter params) of a drafting method for this decode config."""
+def build(name: str, cfg, target, weights_mode: str = "xla", layout=None):
+  """(drafter, drafter params) of a drafting method for this decode config, as the loop runs
+  them: params placed on `layout`'s mesh (a sharding.Layout) if given, held as `weights_mode`
+  says (decode_weights), and the drafter calibrated on them."""
   m = get(name)
   if m.build is None:
     raise SpecjaxError(f"method '{name}' has no drafter")
-  return m.build(cfg, target)
+  drafter, params = m.build(cfg, target)
+  if layout is not None:
+    params = layout.params(params)
+  if m.prepare_params is not None:
+    params = m.prepare_params(params, weights_mode)
+  if m.calibrate is not None:
+    drafter = m.calibrate(drafter, params, cfg, target)
+  return drafter, params
 
 
 def for_training(cfg) -> Method:

@@ -152,28 +152,36 @@ def _dflash2(cfg, target):
 
 
 def _dspark(cfg, target):
-  from specjax import costs
   from specjax.decoding import schedule
   from specjax.drafters.dspark import DSparkDrafter
-  from specjax.sampling import Sampler
   k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
   sched, threshold = cfg.get("schedule", "fixed"), cfg.get("schedule_threshold", 0.5)
   schedule.check_schedule(sched, threshold)
   graphdef, params, layers, temps = load_dspark(cfg.run_dir, target, k)
-  drafter = DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers, schedule="fixed",
-                          threshold=threshold, widths=schedule.default_widths(k),
-                          temperatures=temps)
-  if sched == "load_aware":  # T(w) and T_draft at this batch size, measured once at start-up
-    kw = dict(batch=cfg.batch_size, cache_len=cfg.cache_len,
-              context_len=min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2))
-    sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
-    t = costs.verify_costs(target.graphdef, target.params, ns=[w + 1 for w in drafter.widths],
-                           sampler=sampler, **kw)
-    t_draft = costs.draft_cost(target.graphdef, target.params, drafter, params,
-                               sampler=sampler, **kw)
-    drafter = dataclasses.replace(drafter, width_seconds=tuple(t[w + 1] for w in drafter.widths),
-                                  draft_seconds=t_draft)
-  return dataclasses.replace(drafter, schedule=sched), params
+  # the load-aware schedule takes effect in _dspark_calibrate, once its costs are measured
+  return DSparkDrafter(k, graphdef=graphdef, target_feature_layers=layers,
+                       schedule="fixed" if sched == "load_aware" else sched,
+                       threshold=threshold, widths=schedule.default_widths(k),
+                       temperatures=temps), params
+
+
+def _dspark_calibrate(drafter, params, cfg, target):
+  """The load-aware schedule's T(w) per verify width and T_draft at this batch size, measured
+  once at start-up on the weights the loop holds (packed or not)."""
+  if cfg.get("schedule", "fixed") != "load_aware":
+    return drafter
+  from specjax import costs
+  from specjax.sampling import Sampler
+  k = drafter.num_draft_tokens
+  kw = dict(batch=cfg.batch_size, cache_len=cfg.cache_len,
+            context_len=min(cfg.cache_len - k - 2, 48 + cfg.max_new_tokens // 2))
+  sampler = Sampler(cfg.temperature, cfg.top_k, cfg.top_p)
+  t = costs.verify_costs(target.graphdef, target.params, ns=[w + 1 for w in drafter.widths],
+                         sampler=sampler, **kw)
+  t_draft = costs.draft_cost(target.graphdef, target.params, drafter, params, sampler=sampler,
+                             **kw)
+  return dataclasses.replace(drafter, width_seconds=tuple(t[w + 1] for w in drafter.widths),
+                             draft_seconds=t_draft, schedule="load_aware")
 
 
 def load_eagle3(run_dir: str, target):
@@ -201,6 +209,9 @@ def _eagle3(cfg, target):
 
 
 def _prepare_draft(params, mode):
+  """Every trained drafter's projection weights (its decoder layers' q/k/v/o and MLP, a draft
+  model's embedding and head) packed for the CPU kernel wherever the target's are: the
+  drafter's own pass then streams them as the target's does. Values are unchanged."""
   from specjax import decode_weights
   return decode_weights.prepare_draft(params, mode)
 
@@ -262,17 +273,18 @@ for _variant in ("parallel", "sequential"):
   register(Method(f"mtp_{_variant}", build=_mtp(_variant), trains="mtp",
                   train_select=(("variant", _variant),), train=_trainer("mtp", "train_mtp"),
                   train_command=_tiny("mtp_tiny", f"--config.variant={_variant} "),
-                  plan_model=_plan_mtp(_variant)))
+                  plan_model=_plan_mtp(_variant), prepare_params=_prepare_draft))
 register(Method("dflash", build=_dflash, sized_by_block=True, trains="dflash",
                 train=_trainer("dflash", "train_dflash"), train_command=_tiny("dflash_tiny"),
-                plan_model=_plan_block("dflash")))
+                plan_model=_plan_block("dflash"), prepare_params=_prepare_draft))
 register(Method("dspark", build=_dspark, sized_by_block=True, trains="dspark",
                 train=_trainer("dspark", "train_dspark"), train_command=_tiny("dspark_tiny"),
-                plan_model=_plan_block("dspark"),
+                plan_model=_plan_block("dspark"), prepare_params=_prepare_draft,
+                calibrate=_dspark_calibrate,
                 load_variants=(("load_aware", {"schedule": "load_aware"}),)))
 register(Method("dflash2", build=_dflash2, sized_by_block=True, trains="dflash2",
                 train=_trainer("dflash2", "train_dflash2"), train_command=_tiny("dflash2_tiny"),
-                plan_model=_plan_block("dflash2")))
+                plan_model=_plan_block("dflash2"), prepare_params=_prepare_draft))
 register(Method("eagle3", build=_eagle3, trains="eagle3",
                 train=_trainer("eagle3", "train_eagle3"), train_command=_tiny("eagle3_tiny"),
-                plan_model=_plan_eagle3))
+                plan_model=_plan_eagle3, prepare_params=_prepare_draft))
