@@ -23,10 +23,11 @@ import os
 
 import common  # sets sys.path
 
+from specjax import methods
 from specjax.evaluate import Harness
 
-VARIANTS = (("dflash", "dflash", True), ("dflash2_no_selector", "dflash2", False),
-            ("dflash2", "dflash2", True))
+VARIANTS = (("dflash", "dflash", {}), ("dflash2_no_selector", "dflash2", {"selector": False}),
+            ("dflash2", "dflash2", {}))
 
 
 def validation_topk(run_dir: str) -> dict:
@@ -66,10 +67,9 @@ def main(argv=None):
       cfg.batch_size = batch
       ar = harness.run("ar", cfg)
       entries = []
-      for label, method, selector in VARIANTS:
-        cfg.selector = selector
-        entries.append((label, harness.run(method, cfg)))
-      cfg.selector = True
+      for label, method, settings in VARIANTS:
+        entries.append((label, harness.run(method,
+                                           methods.with_options(cfg, method, **settings))))
       ar = harness.faster_baseline(ar, cfg)
       for label, e in entries:
         rows.append({"variant": label, "T": temp, "batch": batch, "tau": e["tau"],

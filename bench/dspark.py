@@ -47,10 +47,10 @@ def main(argv=None):
   if not os.path.isdir(os.path.join(plain_run, "dspark", "checkpoints")):
     common.train("dspark_tiny.py", plain_run, args.steps, markov_rank=0, **same)
 
-  variants = [("dflash", "dflash", main_run, "fixed"),
-              ("dspark_no_markov", "dspark", plain_run, "fixed"),
-              ("dspark_fixed", "dspark", main_run, "fixed"),
-              ("dspark_load_aware", "dspark", main_run, "load_aware")]
+  variants = [("dflash", "dflash", main_run, {}),
+              ("dspark_no_markov", "dspark", plain_run, {"schedule": "fixed"}),
+              ("dspark_fixed", "dspark", main_run, {"schedule": "fixed"}),
+              ("dspark_load_aware", "dspark", main_run, {"schedule": "load_aware"})]
   rows, budgets, extra = [], {}, {}
   for temp in [float(t) for t in args.temperatures.split(",")]:
     for batch in [int(b) for b in args.batches.split(",")]:
@@ -58,9 +58,9 @@ def main(argv=None):
       cfg.batch_size, cfg.block_size, cfg.timing_repeats = batch, args.block_size, 1
       harness = Harness(cfg, ["ar", "dflash", "dspark"])
       ar = harness.run("ar", cfg)
-      for label, method, run, sched in variants:
-        cfg.run_dir, cfg.schedule = run, sched
-        e = harness.run(method, cfg)
+      for label, method, run, settings in variants:
+        cfg.run_dir = run
+        e = harness.run(method, drafters.with_options(cfg, method, **settings))
         rows.append({"variant": label, "T": temp, "batch": batch, "tau": e["tau"],
                      "a_k": e["acceptance_per_position"],
                      "tok_s": e["tokens_per_second"],
@@ -68,7 +68,7 @@ def main(argv=None):
                      "predicted": common.predicted(e), "mean_budget": e.get("mean_budget"),
                      "lossless": e["lossless_check"],
                      "width_seconds": e.get("verify_width_seconds")})
-        if sched == "load_aware":
+        if settings.get("schedule") == "load_aware":
           budgets[(temp, batch)] = e["mean_budget"]
         print(json.dumps(rows[-1]), flush=True)
       cfg.run_dir = main_run
@@ -78,8 +78,9 @@ def main(argv=None):
                   cache_len=cfg.cache_len, sampler=Sampler(temp))
         walk = {}
         for label, run in (("markov", main_run), ("no_markov", plain_run)):
-          cfg.run_dir, cfg.schedule = run, "fixed"
-          d, dp = drafters.build("dspark", cfg, harness.target)
+          cfg.run_dir = run
+          d, dp = drafters.build("dspark", drafters.with_options(cfg, "dspark", schedule="fixed"),
+                                 harness.target)
           walk[label] = costs.draft_cost(harness.target.graphdef, harness.target.params, d, dp,
                                          **kw)
         widths = costs.verify_costs(harness.target.graphdef, harness.target.params,

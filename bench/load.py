@@ -40,7 +40,7 @@ import common  # sets sys.path
 import jax
 import numpy as np
 
-from specjax import evaluate
+from specjax import evaluate, methods
 from specjax.decoding.common import pad_prompts, to_lists
 from specjax.decoding.continuous import Slots, serve
 from specjax.errors import SpecjaxError
@@ -59,7 +59,7 @@ def decoder_for(harness, cfg, text, concurrency):
   cfg = evaluate.method_config(cfg, name).copy_and_resolve_references()
   cfg.batch_size = concurrency
   if schedule:
-    cfg.schedule = schedule
+    cfg = methods.with_options(cfg, name, schedule=schedule)
   eos = harness.special.eos_ids or harness.special.eos_id
   loop, drafter, dparams = evaluate.make_decoder(name, cfg, harness.target, harness.sampler,
                                                  cfg.cache_len, eos, None,

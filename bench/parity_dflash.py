@@ -146,6 +146,7 @@ def generate_parity(run_dir: str, work: str, num_prompts: int, max_new: int):
 def proposal_taus(run_dir: str, work: str, methods: str):
   """{method: {proposal: (tau, a_k)}} at T=1 on the bundled prompts."""
   from specjax import evaluate
+  from specjax import methods as method_options
   import importlib.util
   spec = importlib.util.spec_from_file_location(
       "decode_cfg", os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs",
@@ -155,9 +156,11 @@ def proposal_taus(run_dir: str, work: str, methods: str):
   out = {}
   for proposal in ("argmax", "sample"):
     cfg = mod.get_config()
-    cfg.update(dict(run_dir=run_dir, methods=methods, temperature=1.0, proposal=proposal,
+    cfg.update(dict(run_dir=run_dir, methods=methods, temperature=1.0,
                     output_json=os.path.join(work, f"t1_{proposal}.json"), plot=False,
                     measure_costs=False, timing_repeats=1))
+    for name in methods.split(","):
+      cfg = method_options.with_options(cfg, name, proposal=proposal)
     report = evaluate.evaluate(cfg)["methods"]
     for name in methods.split(","):
       if name in report:

@@ -9,6 +9,8 @@ acceptance beside it, and prints one table.
 
 import ml_collections
 
+from specjax import methods
+
 
 def get_config():
   c = ml_collections.ConfigDict()
@@ -32,14 +34,12 @@ def get_config():
   c.block_size = 8  # block drafters (B - 1 drafts per step)
   # per-method K overriding num_draft_tokens, e.g. "mtp_parallel=4,mtp_sequential=4"
   c.draft_tokens = ""
-  # DFlash and parallel MTP at T > 0: "sample" draws each draft from its own processed
-  # distribution q_k and verifies with q (as Z Lab's reference does); "argmax" proposes the
-  # argmax, verified as a one-hot q. Both are lossless.
-  c.proposal = "sample"
-  c.selector = True  # DFlash 2: rerank each slot's top-K candidates; False = unary argmax/sample
-  c.lookup_max_ngram = 3
-  c.schedule = "fixed"  # DSpark verify budget: fixed | threshold | load_aware
-  c.schedule_threshold = 0.5  # threshold schedule: verify drafts whose survival stays >= this
+  # Each method's own options, one subtree per method that has any (specjax/methods/builtin.py
+  # says what each means), e.g. --config.dspark.schedule=load_aware:
+  #   prompt_lookup.max_ngram (3); dflash.proposal, dflash2.proposal, mtp_parallel.proposal
+  #   ("sample" | "argmax" at T > 0); dflash2.selector (True); dspark.schedule ("fixed" |
+  #   "threshold" | "load_aware") and dspark.threshold (0.5)
+  c.update(methods.option_configs())
   # How the target (and a draft model) hold their weights: auto | xla | kernel | gguf
   # (specjax/decode_weights.py). auto = specjax's CPU kernel on one CPU device (the GGUF file's
   # own quantized blocks for a target imported from one), else XLA's dot.

@@ -6,7 +6,7 @@ head and a confidence head; block 8, every slot predicts.
 Trains into runs/tiny/dspark/ on the same regenerated continuations as DFlash (shared cache
 in runs/tiny/regenerated/), then calibrates the confidence head on the held-out ones
 (runs/tiny/dspark/calibration.json). Decode with decode.py --config.methods=dspark
---config.schedule=fixed|threshold|load_aware (block_size - 1 drafts, like DFlash).
+--config.dspark.schedule=fixed|threshold|load_aware (block_size - 1 drafts, like DFlash).
 """
 
 from specjax import config_base

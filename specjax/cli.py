@@ -24,13 +24,27 @@ def parse_flags(argv):
   except (AttributeError, KeyError) as e:  # config_flags on an override of a missing key
     key = next((a.split("=")[0] for a in argv if a.startswith("--config.")
                 and _first_line(e).strip("'\"") in a), "")
-    fail(f"unknown config key {key or _first_line(e)}; see the config file for the keys it has")
+    hint = [l for l in _message(e).splitlines()[1:] if l.startswith("Did you mean")]
+    fail(f"unknown config key {key or _first_line(e)}"
+         f"{' (' + hint[0].rstrip('?') + '?)' if hint else ''}; see the config file for the "
+         "keys it has")
   except Exception as e:  # config files that fail to load raise plain exceptions
     fail(f"{type(e).__name__}: {_first_line(e)}")
 
 
+def _message(e: BaseException) -> str:
+  """The text of an error; ml_collections wraps a KeyError in an AttributeError, and a
+  KeyError's str() is its message's repr ("'a'\\nDid you mean..."): read the message."""
+  while isinstance(e, (KeyError, AttributeError)) and e.args and isinstance(e.args[0],
+                                                                            BaseException):
+    e = e.args[0]
+  if isinstance(e, KeyError) and e.args and isinstance(e.args[0], str):
+    return e.args[0]
+  return str(e)
+
+
 def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
+  text = _message(e).strip()
   return text.splitlines()[0] if text else type(e).__name__
 
 

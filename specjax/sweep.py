@@ -80,10 +80,8 @@ def run(run_dir: str, kind: str, values: list[int], temperature: float, num_prom
       runs.append((method, "", harness.run(method, cfg)))
       if kind == "batch":  # the method's own load-dependent settings (DSpark's schedule)
         for variant, settings in methods_lib.get(method).load_variants:
-          saved = {k: cfg.get(k) for k in settings}
-          cfg.update(settings)
-          runs.append((method, variant, harness.run(method, cfg)))
-          cfg.update(saved)
+          runs.append((method, variant, harness.run(
+              method, methods_lib.with_options(cfg, method, **settings))))
     ar = harness.faster_baseline(ar, cfg)
     rows.append(entry_row("ar", "", setting, {**ar, "speedup_vs_ar": 1.0}))
     for method, variant, e in runs:

@@ -213,7 +213,8 @@ def test_trained_dspark_through_the_harness(trained, tmp_path):
       json.dumps({"prompt": f"def {n}_{a}{b}(x):\n    return x * {a} + {b}\n\ndef {m}_"}) + "\n"
       for n, m, a, b in [("alpha", "beta", 1, 2), ("gamma", "delta", 3, 4)]))
   cfg = decode_config(run, tmp_path, methods="dspark", block_size=6, prompts=str(prompts),
-                      max_new_tokens=16, schedule="load_aware", measure_costs=False)
+                      max_new_tokens=16, dspark={"schedule": "load_aware"},
+                      measure_costs=False)
   report = evaluate.evaluate(cfg)["methods"]["dspark"]
   assert report["lossless_check"] is True and report["schedule"] == "load_aware"
   assert len(report["mean_confidence_per_position"]) == 5

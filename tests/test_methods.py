@@ -21,13 +21,16 @@ import test_sampling_lossless as sampled
 
 @dataclasses.dataclass(frozen=True)
 class RepeatLastDrafter(Drafter):
-  """Proposes the pending token K times: right whenever the text repeats a token."""
+  """Proposes the pending token K times (plus `shift`, its one decode option: 0 by default):
+  right whenever the text repeats a token."""
+
+  shift: int = 0
 
   def init(self, params, target, prefill):
     return ()
 
   def propose(self, params, target, state, ctx, sampler, rng):
-    drafts = jnp.repeat(ctx.pending_B[:, None], self.num_draft_tokens, axis=1)
+    drafts = jnp.repeat(ctx.pending_B[:, None] + self.shift, self.num_draft_tokens, axis=1)
     return drafts.astype(jnp.int32), None, state
 
   def commit(self, params, target, state, verified):
@@ -37,7 +40,9 @@ class RepeatLastDrafter(Drafter):
 @pytest.fixture
 def repeat_last():
   method = methods.register(methods.Method(
-      "repeat_last", build=lambda cfg, target: (RepeatLastDrafter(cfg.num_draft_tokens), None)))
+      "repeat_last", options={"shift": 0},
+      build=lambda cfg, target: (RepeatLastDrafter(
+          cfg.num_draft_tokens, shift=int(methods.options("repeat_last", cfg)["shift"])), None)))
   yield method
   methods.unregister("repeat_last")
 
@@ -85,6 +90,48 @@ def test_the_plan_sizes_a_registered_method(repeat_last, tmp_path):
   names = [r[0] for r in rows]
   assert names == ["target parameters", "target KV cache", "activations"]  # no model to size
   assert "K = 5" in rows[-1][2]
+
+
+def test_a_methods_options_are_its_own_config_subtree(repeat_last, tmp_path):
+  import ml_collections
+  cfg = decode_config("unused", tmp_path, num_draft_tokens=2)
+  assert cfg.repeat_last.shift == 0 and cfg.dspark.schedule == "fixed"  # one subtree each
+  cfg.repeat_last.shift = 3  # as --config.repeat_last.shift=3
+  assert methods.build("repeat_last", cfg, None)[0].shift == 3
+  variant = methods.with_options(cfg, "repeat_last", shift=5)
+  assert methods.build("repeat_last", variant, None)[0].shift == 5
+  assert cfg.repeat_last.shift == 3  # variants are copies
+  # a config made before the method was registered has no subtree: the defaults
+  assert methods.options("repeat_last", ml_collections.ConfigDict()) == {"shift": 0}
+  with pytest.raises(SpecjaxError, match=r"--config.repeat_last: unknown option\(s\) shfit; "
+                     "repeat_last takes shift"):
+    methods.with_options(cfg, "repeat_last", shfit=1)
+  with pytest.raises(SpecjaxError, match="--config.dflash.proposal must be one of"):
+    from specjax.methods import builtin
+    builtin.proposal("dflash", methods.with_options(cfg, "dflash", proposal="best"))
+
+
+def test_the_batch_sweep_decodes_load_variants_with_their_options(tiny_run, monkeypatch):
+  """A method's load_variants are decoded beside it, each with its options set (DSpark's
+  load-aware schedule is one); what each decode was given is recorded, not decoded."""
+  methods.register(methods.Method(
+      "repeat_shifted", options={"shift": 0}, load_variants=(("far", {"shift": 7}),),
+      build=lambda cfg, target: (RepeatLastDrafter(cfg.num_draft_tokens), None)))
+  seen = []
+
+  def fake_run(self, method, cfg):
+    seen.append((method, methods.options(method, cfg) if method != "ar" else {}))
+    return {"tokens_per_second": 1.0, "wall_seconds": 1.0, "tau": 1.0}
+  monkeypatch.setattr(evaluate.Harness, "run", fake_run)
+  try:
+    out = sweep.run(tiny_run, "batch", [1, 2], 0.0, num_prompts=2, max_new_tokens=4,
+                    methods=["repeat_shifted"], repeats=1)
+  finally:
+    methods.unregister("repeat_shifted")
+  drafted = [s for s in seen if s[0] == "repeat_shifted"]
+  assert drafted == [("repeat_shifted", {"shift": 0}), ("repeat_shifted", {"shift": 7})] * 2
+  assert [(r["method"], r["variant"]) for r in out["rows"] if r["batch"] == 2] == [
+      ("ar", ""), ("repeat_shifted", ""), ("repeat_shifted", "far")]
 
 
 def test_unknown_and_duplicate_methods_are_one_line_errors(repeat_last):

@@ -40,6 +40,9 @@ class Method:
   plan_model: Callable | None = None
   # decode weights: (drafter params, target_weights mode) -> params as the loop holds them
   prepare_params: Callable | None = None
+  # decode options {key: default}: the method's own subtree of decode.py's config, set as
+  # --config.<name>.<key> and read by its build through `options(name, cfg)`
+  options: dict = dataclasses.field(default_factory=dict)
   # (drafter, its params as the loop holds them, decode config, target) -> the drafter, after
   # measurements it needs of that very pair (DSpark's load-aware step costs)
   calibrate: Callable | None = None
@@ -93,6 +96,38 @@ def num_drafts(name: str, cfg) -> int:
   if m.build is None:
     return 0
   return int(cfg.block_size) - 1 if m.sized_by_block else int(cfg.num_draft_tokens)
+
+
+def options(name: str, cfg) -> dict:
+  """A method's decode options: its defaults, overridden by the decode config's subtree
+  cfg.<name> (absent for a method registered after the config was made)."""
+  m = get(name)
+  given = dict(cfg.get(name, None) or {})
+  unknown = sorted(set(given) - set(m.options))
+  if unknown:
+    known = ", ".join(sorted(m.options)) or "none"
+    raise SpecjaxError(f"--config.{name}: unknown option(s) {', '.join(unknown)}; {name} takes "
+                       f"{known}")
+  return {**m.options, **given}
+
+
+def with_options(cfg, name: str, **settings):
+  """A copy of a decode config with cfg.<name>'s options updated (sweeps' and benches'
+  variants, e.g. DSpark's schedule)."""
+  import ml_collections
+  out = cfg.copy_and_resolve_references()
+  with out.unlocked():
+    out[name] = ml_collections.ConfigDict({**options(name, cfg), **settings})
+  options(name, out)  # an unknown setting is a one-line error
+  return out
+
+
+def option_configs() -> dict:
+  """{method: ConfigDict of its decode options} for every registered method that has any:
+  what configs/decode.py adds to its config."""
+  import ml_collections
+  return {n: ml_collections.ConfigDict(dict(m.options)) for n, m in _REGISTRY.items()
+          if m.options}
 
 
 def build(name: str, cfg, target, weights_mode: str = "xla", layout=None):

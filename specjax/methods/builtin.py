@@ -10,15 +10,21 @@ import os
 
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
-from specjax.methods import Method, register
+from specjax.methods import Method, options, register
+
+# How DFlash, DFlash 2 and parallel MTP propose at T > 0: "sample" draws each draft from its
+# own processed distribution q_k and verifies with q (as Z Lab's reference does); "argmax"
+# proposes the argmax, verified as a one-hot q. Both are lossless.
+PROPOSAL = {"proposal": "sample"}
 
 
-def proposal(cfg) -> str:
-  """How DFlash and parallel MTP propose at T > 0 (decode config `proposal`)."""
+def proposal(name: str, cfg) -> str:
+  """A method's `proposal` decode option (--config.<name>.proposal), checked."""
   from specjax.drafters.base import PROPOSALS
-  value = cfg.get("proposal", "sample")
+  value = options(name, cfg)["proposal"]
   if value not in PROPOSALS:
-    raise SpecjaxError(f"proposal must be one of {', '.join(PROPOSALS)}, got '{value}'")
+    raise SpecjaxError(f"--config.{name}.proposal must be one of {', '.join(PROPOSALS)}, got "
+                       f"'{value}'")
   return value
 
 
@@ -96,7 +102,8 @@ def get_command(name: str) -> str:
 
 def _prompt_lookup(cfg, target):
   from specjax.drafters.prompt_lookup import PromptLookupDrafter
-  return PromptLookupDrafter(cfg.num_draft_tokens, max_ngram=cfg.lookup_max_ngram), None
+  return PromptLookupDrafter(cfg.num_draft_tokens,
+                             max_ngram=int(options("prompt_lookup", cfg)["max_ngram"])), None
 
 
 def _draft(cfg, target):
@@ -123,7 +130,7 @@ def _mtp(variant):
     if variant == "parallel":
       from specjax.drafters.mtp_parallel import MTPParallelDrafter
       return MTPParallelDrafter(cfg.num_draft_tokens, graphdef=graphdef,
-                                proposal=proposal(cfg)), params
+                                proposal=proposal("mtp_parallel", cfg)), params
     from specjax.drafters.mtp_sequential import MTPSequentialDrafter
     return MTPSequentialDrafter(cfg.num_draft_tokens, graphdef=graphdef,
                                 target_layers=target.model_cfg.num_layers), params
@@ -140,22 +147,23 @@ def _dflash(cfg, target):
   from specjax.drafters.dflash import DFlashDrafter
   graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
   return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
-                       proposal=proposal(cfg)), params
+                       proposal=proposal("dflash", cfg)), params
 
 
 def _dflash2(cfg, target):
   from specjax.drafters.dflash2 import DFlash2Drafter
   graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size, "dflash2")
   return DFlash2Drafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
-                        proposal=proposal(cfg),
-                        use_selector=bool(cfg.get("selector", True))), params
+                        proposal=proposal("dflash2", cfg),
+                        use_selector=bool(options("dflash2", cfg)["selector"])), params
 
 
 def _dspark(cfg, target):
   from specjax.decoding import schedule
   from specjax.drafters.dspark import DSparkDrafter
   k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
-  sched, threshold = cfg.get("schedule", "fixed"), cfg.get("schedule_threshold", 0.5)
+  opts = options("dspark", cfg)
+  sched, threshold = opts["schedule"], float(opts["threshold"])
   schedule.check_schedule(sched, threshold)
   graphdef, params, layers, temps = load_dspark(cfg.run_dir, target, k)
   # the load-aware schedule takes effect in _dspark_calibrate, once its costs are measured
@@ -168,7 +176,7 @@ def _dspark(cfg, target):
 def _dspark_calibrate(drafter, params, cfg, target):
   """The load-aware schedule's T(w) per verify width and T_draft at this batch size, measured
   once at start-up on the weights the loop holds (packed or not)."""
-  if cfg.get("schedule", "fixed") != "load_aware":
+  if options("dspark", cfg)["schedule"] != "load_aware":
     return drafter
   from specjax import costs
   from specjax.sampling import Sampler
@@ -265,7 +273,8 @@ def _trainer(module: str, function: str):
 
 
 register(Method("ar"))
-register(Method("prompt_lookup", build=_prompt_lookup))
+# the longest n-gram prompt lookup matches (it tries the longest first)
+register(Method("prompt_lookup", build=_prompt_lookup, options={"max_ngram": 3}))
 register(Method("draft", build=_draft, trains="draft", train=_trainer("draft", "train_draft"),
                 train_command=_tiny("draft_tiny"), plan_model=_plan_draft,
                 prepare_params=_prepare_draft))
@@ -273,18 +282,25 @@ for _variant in ("parallel", "sequential"):
   register(Method(f"mtp_{_variant}", build=_mtp(_variant), trains="mtp",
                   train_select=(("variant", _variant),), train=_trainer("mtp", "train_mtp"),
                   train_command=_tiny("mtp_tiny", f"--config.variant={_variant} "),
-                  plan_model=_plan_mtp(_variant), prepare_params=_prepare_draft))
+                  plan_model=_plan_mtp(_variant), prepare_params=_prepare_draft,
+                  options=PROPOSAL if _variant == "parallel" else {}))
 register(Method("dflash", build=_dflash, sized_by_block=True, trains="dflash",
                 train=_trainer("dflash", "train_dflash"), train_command=_tiny("dflash_tiny"),
-                plan_model=_plan_block("dflash"), prepare_params=_prepare_draft))
+                plan_model=_plan_block("dflash"), prepare_params=_prepare_draft,
+                options=PROPOSAL))
 register(Method("dspark", build=_dspark, sized_by_block=True, trains="dspark",
                 train=_trainer("dspark", "train_dspark"), train_command=_tiny("dspark_tiny"),
                 plan_model=_plan_block("dspark"), prepare_params=_prepare_draft,
                 calibrate=_dspark_calibrate,
+                # the verify budget: fixed (every draft) | threshold (drafts whose calibrated
+                # survival stays >= threshold) | load_aware (SPEC 2.7: measured step costs)
+                options={"schedule": "fixed", "threshold": 0.5},
                 load_variants=(("load_aware", {"schedule": "load_aware"}),)))
 register(Method("dflash2", build=_dflash2, sized_by_block=True, trains="dflash2",
                 train=_trainer("dflash2", "train_dflash2"), train_command=_tiny("dflash2_tiny"),
-                plan_model=_plan_block("dflash2"), prepare_params=_prepare_draft))
+                plan_model=_plan_block("dflash2"), prepare_params=_prepare_draft,
+                # selector: rerank each slot's top-K candidates (False: unary argmax / sample)
+                options={**PROPOSAL, "selector": True}))
 register(Method("eagle3", build=_eagle3, trains="eagle3",
                 train=_trainer("eagle3", "train_eagle3"), train_command=_tiny("eagle3_tiny"),
                 plan_model=_plan_eagle3, prepare_params=_prepare_draft))
