@@ -44,7 +44,7 @@ class Context:
 class Verified:
   window_BxK1: jax.Array  # [pending, d_1..d_K] as scored by the target
   start_B: jax.Array  # position of window[:, 0] (the end_B of the Context)
-  num_accepted_B: jax.Array  # m in 0..K: drafts kept (fewer than verification accepted
+  num_kept_B: jax.Array  # m in 0..K: drafts kept (fewer than verification accepted
   # only when EOS or max_new_tokens ended the row in this step)
   next_B: jax.Array  # the target's token after the accepted drafts (the new pending)
   output: TransformerOutput  # the target's verify pass over the window

@@ -166,7 +166,8 @@ class DFlashDrafter(Drafter):
     return self.target_feature_layers
 
   @property
-  def block_size(self) -> int:
+  def block_len(self) -> int:
+    """Inputs of one drafted block: the pending token and K mask slots (DSpark: K)."""
     return self.num_draft_tokens + 1
 
   def _write_context(self, model, caches, features, start_B):
@@ -195,7 +196,7 @@ class DFlashDrafter(Drafter):
 
   def draft_hidden(self, model, target, caches, ctx: Context):
     """The drafter's final hidden states at the block's mask slots [B, K, D], and the caches."""
-    bs = self.block_size
+    bs = self.block_len
     x = model.block_inputs(target, ctx.pending_B[:, None], bs)
     positions = ctx.end_B[:, None] + jnp.arange(bs)[None, :]
     hidden, caches = model.decode_block(x, positions, caches)

@@ -54,5 +54,5 @@ class DraftModelDrafter(Drafter):
 
   def commit(self, params, target, cache: KVCache, verified: Verified) -> KVCache:
     start = verified.start_B
-    return cache.rollback(jnp.where(verified.active_B, start + verified.num_accepted_B,
+    return cache.rollback(jnp.where(verified.active_B, start + verified.num_kept_B,
                                     start - 1))

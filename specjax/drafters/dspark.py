@@ -124,8 +124,8 @@ class DSparkDrafter(DFlashDrafter):
                          f"{self.num_draft_tokens} drafts")
 
   @property
-  def block_size(self) -> int:
-    return self.num_draft_tokens  # every slot predicts
+  def block_len(self) -> int:
+    return self.num_draft_tokens  # every slot predicts: the anchor and K - 1 mask slots
 
   @property
   def compiled_widths(self) -> tuple[int, ...]:
@@ -142,7 +142,7 @@ class DSparkDrafter(DFlashDrafter):
 
   def block_logits(self, model, target, caches, ctx: Context):
     """The backbone's block pass: (base logits U [B, K, V], hidden [B, K, D], caches)."""
-    k = self.num_draft_tokens
+    k = self.block_len
     x = model.block_inputs(target, ctx.pending_B[:, None], k)
     positions = ctx.end_B[:, None] + jnp.arange(k)[None, :]
     hidden, caches = model.decode_block(x, positions, caches)

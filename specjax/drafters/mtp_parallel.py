@@ -77,5 +77,5 @@ class MTPParallelDrafter(Drafter):
 
   def commit(self, params, target, h_BxD, verified: Verified):
     last = jnp.take_along_axis(verified.output.hidden_BxTxD,
-                               verified.num_accepted_B[:, None, None], axis=1)[:, 0]
+                               verified.num_kept_B[:, None, None], axis=1)[:, 0]
     return jnp.where(verified.active_B[:, None], last, h_BxD)

@@ -10,7 +10,7 @@ import os
 
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
-from specjax.methods import Method, options, register
+from specjax.methods import Method, num_drafts, options, register
 
 # How DFlash, DFlash 2 and parallel MTP propose at T > 0: "sample" draws each draft from its
 # own processed distribution q_k and verifies with q (as Z Lab's reference does); "argmax"
@@ -72,17 +72,17 @@ def load_dflash(run_dir: str, target, block_size: int, method: str = "dflash"):
 DSPARK_CALIBRATION = "calibration.json"  # per-position temperatures, written after training
 
 
-def load_dspark(run_dir: str, target, num_drafts: int, name: str = "dspark"):
+def load_dspark(run_dir: str, target, k: int, name: str = "dspark"):
   """(graphdef, params, feature layers, calibration temperatures) of a trained DSpark."""
   from specjax.drafters import dflash as dflash_lib
   from specjax.drafters.dspark import build_model
-  if num_drafts < 1:
-    raise SpecjaxError(f"DSpark needs at least one draft, got {num_drafts}")
+  if k < 1:
+    raise SpecjaxError(f"DSpark needs at least one draft, got {k}")
   graphdef, params, cfg = run_dir_lib.load_module(
       run_dir, name, lambda cfg, rngs: build_model(cfg, target.model_cfg, rngs),
       get_command(name))
-  if num_drafts > cfg.block_size:
-    raise SpecjaxError(f"{num_drafts} drafts but {name} was trained with block_size="
+  if k > cfg.block_size:
+    raise SpecjaxError(f"{k} drafts but {name} was trained with block_size="
                        f"{cfg.block_size}; lower --config.block_size (DSpark drafts "
                        "block_size - 1) or retrain")
   temps = ()
@@ -146,14 +146,14 @@ def block_builder(method: str):
 def _dflash(cfg, target):
   from specjax.drafters.dflash import DFlashDrafter
   graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size)
-  return DFlashDrafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+  return DFlashDrafter(num_drafts("dflash", cfg), graphdef=graphdef, target_feature_layers=layers,
                        proposal=proposal("dflash", cfg)), params
 
 
 def _dflash2(cfg, target):
   from specjax.drafters.dflash2 import DFlash2Drafter
   graphdef, params, layers = load_dflash(cfg.run_dir, target, cfg.block_size, "dflash2")
-  return DFlash2Drafter(cfg.block_size - 1, graphdef=graphdef, target_feature_layers=layers,
+  return DFlash2Drafter(num_drafts("dflash2", cfg), graphdef=graphdef, target_feature_layers=layers,
                         proposal=proposal("dflash2", cfg),
                         use_selector=bool(options("dflash2", cfg)["selector"])), params
 
@@ -161,7 +161,7 @@ def _dflash2(cfg, target):
 def _dspark(cfg, target):
   from specjax.decoding import schedule
   from specjax.drafters.dspark import DSparkDrafter
-  k = cfg.block_size - 1  # the same verify window as DFlash at this block_size
+  k = num_drafts("dspark", cfg)  # the same verify window as DFlash at this block_size
   opts = options("dspark", cfg)
   sched, threshold = opts["schedule"], float(opts["threshold"])
   schedule.check_schedule(sched, threshold)
