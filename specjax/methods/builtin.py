@@ -282,7 +282,9 @@ for _variant in ("parallel", "sequential"):
   register(Method(f"mtp_{_variant}", build=_mtp(_variant), trains="mtp",
                   train_select=(("variant", _variant),), train=_trainer("mtp", "train_mtp"),
                   train_command=_tiny("mtp_tiny", f"--config.variant={_variant} "),
-                  plan_model=_plan_mtp(_variant), prepare_params=_prepare_draft,
+                  plan_model=_plan_mtp(_variant),
+                  # parallel heads are residual maps the kernel does not take: nothing to pack
+                  prepare_params=None if _variant == "parallel" else _prepare_draft,
                   options=PROPOSAL if _variant == "parallel" else {}))
 register(Method("dflash", build=_dflash, sized_by_block=True, trains="dflash",
                 train=_trainer("dflash", "train_dflash"), train_command=_tiny("dflash_tiny"),
