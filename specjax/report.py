@@ -600,8 +600,11 @@ def side_by_side_section(table: dict, temp: float, out: str, prompts: str) -> li
   md = [f"## Side by side, {where}{name}", "",
         f"{any_e.get('num_prompts')} {prompts} prompts x {any_e.get('max_new_tokens')} new "
         f"tokens, batch {any_e.get('batch_size')}. speedup: measured tokens/s over AR's in "
-        "the same process; predicted: tau x T_ar / (T_draft + T_verify) from step costs "
-        "measured in the same run.", "", side_by_side(table), ""]
+        "the same process; " + ("predicted: tau x T_ar / (T_draft + T_verify) from step costs "
+                                "measured in the same run." if any(
+                                    "speedup_predicted" in e for e in table.values())
+                                else "no step costs were measured in this run."),
+        "", side_by_side(table), ""]
   png = f"acceptance_{'' if prompts == 'held-out' else prompts + '_'}t{temp:g}.png"
   evaluate.plot_acceptance({"methods": {m: table[m] for m in ordered(table)}},
                            os.path.join(out, png), f"{where}{name}")
