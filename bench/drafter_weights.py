@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 import common  # noqa: F401  (puts the repository on sys.path)
 
-from specjax import costs, decode_weights
+from specjax import costs, decode_weights, sweep
 from specjax import methods as methods_lib
 from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
@@ -26,13 +25,8 @@ from specjax.sampling import Sampler
 
 
 def trained_methods(run_dir: str) -> list[str]:
-  out = []
-  for name in methods_lib.trained():
-    m = methods_lib.get(name)
-    if m.prepare_params is not None and os.path.isdir(
-        os.path.join(run_dir, m.model_dir, "checkpoints")):
-      out.append(name)
-  return out
+  """The run's drafters that have weights to pack (sweep's list of trained drafters)."""
+  return [m for m in sweep.trained_methods(run_dir) if methods_lib.get(m).prepare_params]
 
 
 def main(argv=None):
