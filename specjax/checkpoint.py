@@ -94,6 +94,14 @@ class Checkpoints:
     except (ValueError, TypeError, KeyError) as e:
       raise _shape_error(self.directory, step, e) from None
 
+  def restore_params_as_saved(self, step: int | None = None):
+    """The newest parameters as they were saved (nested dicts of arrays, no target tree)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise SpecjaxError(f"no checkpoint in {self.directory}; train the model first")
+    return self.manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore()))["params"]
+
   def wait(self):
     self.manager.wait_until_finished()
 

@@ -13,6 +13,7 @@ import os
 import jax
 import ml_collections
 from flax import nnx
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from specjax.checkpoint import Checkpoints
 from specjax.data import tokenizer as tokenizer_lib
@@ -148,10 +149,50 @@ def load_target(run_dir: str) -> LoadedModel:
   return load_transformer(run_dir, "target")
 
 
-def load_module(run_dir: str, name: str, build, train_command: str = ""):
+def load_module(run_dir: str, name: str, build, train_command: str = "",
+                legacy_paths: dict | None = None):
   """(graphdef, params, training config) of the model in run_dir/<name>/, whatever it is:
-  `build(cfg, rngs)` makes it from its saved config (abstractly: nothing is initialised)."""
+  `build(cfg, rngs)` makes it from its saved config (abstractly: nothing is initialised).
+  legacy_paths {old path: new path} (tuples of names): a checkpoint saved under an older
+  module layout is read with those parameters renamed."""
   folder = require_model_dir(run_dir, name, train_command)
   cfg = load_config(folder)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: build(cfg, nnx.Rngs(0))), nnx.Param)
-  return graphdef, restore_params(folder, abstract), cfg
+  try:
+    return graphdef, restore_params(folder, abstract), cfg
+  except SpecjaxError:
+    if not legacy_paths:
+      raise
+    renamed = _restore_renamed(folder, abstract, legacy_paths)
+    if renamed is None:
+      raise
+    return graphdef, renamed, cfg
+
+
+def _restore_renamed(folder: str, abstract, legacy_paths: dict):
+  """The checkpoint's parameters with legacy_paths' prefixes renamed, in `abstract`'s layout,
+  or None if even so they do not match it."""
+  ckpt = Checkpoints(os.path.join(folder, "checkpoints"))
+  try:
+    saved = flatten_dict(ckpt.restore_params_as_saved())
+  except (ValueError, TypeError, KeyError):
+    return None
+  finally:
+    ckpt.close()
+  renamed = {}  # by path as strings (orbax saves list indices as strings)
+  for path, value in saved.items():
+    path = tuple(str(p) for p in (path[:-1] if path[-1] == "value" else path))  # Variable leaf
+    for old, new in legacy_paths.items():
+      if path[:len(old)] == tuple(old):
+        path = tuple(new) + path[len(old):]
+        break
+    renamed[path] = value
+  wanted = flatten_dict(nnx.to_pure_dict(abstract))
+  keys = {tuple(str(p) for p in path): path for path in wanted}
+  if set(renamed) != set(keys) or any(
+      renamed[k].shape != wanted[p].shape or renamed[k].dtype != wanted[p].dtype
+      for k, p in keys.items()):
+    return None
+  params = jax.tree.map(lambda x: x, abstract)
+  nnx.replace_by_pure_dict(params, unflatten_dict({p: renamed[k] for k, p in keys.items()}))
+  return params

@@ -199,7 +199,7 @@ def maybe_initialize_distributed():
                        "JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID") from None
 
 
-KV_LEAVES = ("k_BxSxKxH", "v_BxSxKxH")  # models.kv_cache.LayerKV: [batch, seq, kv_heads, dim]
+KV_LEAVES = ("k_BxSxKVxH", "v_BxSxKVxH")  # models.kv_cache.LayerKV: [batch, seq, kv_heads, dim]
 
 
 @dataclasses.dataclass(frozen=True)

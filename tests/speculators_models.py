@@ -207,9 +207,9 @@ def ours_block(kind: str, run: str, block: int):
     if kind == "dflash":
       return {"logits": np.asarray(model.draft_logits(tgt, hidden[:, 1:]))[0]}
     if kind == "dspark":
-      e = model.previous_embedding(prev)
-      return {"logits": np.asarray(tgt.logits(hidden) + model.markov_logits(e))[0],
-              "confidence": np.asarray(model.confidence_logit(hidden, e))[0]}
+      e = model.markov_head.embed(prev)
+      return {"logits": np.asarray(tgt.logits(hidden) + model.markov_head(e))[0],
+              "confidence": np.asarray(model.confidence_head(hidden, e))[0]}
     unary = model.draft_logits(tgt, hidden[:, 1:])
     u, cand = model.candidate_selector.candidates(unary)
     scores = u + model.candidate_selector.pair_scores(hidden[:, 1:], prev[:, :-1], cand)

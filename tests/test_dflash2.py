@@ -15,7 +15,7 @@ from flax import nnx
 from decoding_helpers import (perturbed, random_prompts, run_ar, run_spec, tiny_model,
                               to_lists)
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
-from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
+from specjax.drafters.dflash2 import DFlash2Drafter, dflash2_model
 from specjax.interop import zlab
 from specjax.interop.safetensors_io import open_tensors
 from specjax.sampling import Sampler
@@ -36,7 +36,7 @@ def setup():
   g, p = tiny_model(VOCAB, seed=0)
   cfg = nnx.merge(g, p).cfg
   fg, fp = nnx.split(DFlashModel(cfg, 2, len(LAYERS), rngs=nnx.Rngs(5)), nnx.Param)
-  dg, dp = nnx.split(DFlash2Model(cfg, 2, len(LAYERS), rngs=nnx.Rngs(5), selector_rank=8),
+  dg, dp = nnx.split(dflash2_model(cfg, 2, len(LAYERS), rngs=nnx.Rngs(5), selector_rank=8),
                      nnx.Param)
   return (g, p), (fg, fp), (dg, graft(fp, dp))
 

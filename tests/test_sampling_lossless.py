@@ -17,10 +17,10 @@ import broken_verifiers
 from decoding_helpers import perturbed, run_ar, run_spec, tiny_model
 from specjax.sampling import Sampler
 from specjax.drafters.dflash import DFlashDrafter, DFlashModel
-from specjax.drafters.dflash2 import DFlash2Drafter, DFlash2Model
+from specjax.drafters.dflash2 import DFlash2Drafter, dflash2_model
 from specjax.drafters.draft_model import DraftModelDrafter
 from specjax.drafters.eagle3 import Eagle3Drafter, Eagle3Model
-from specjax.drafters.dspark import DSparkDrafter, DSparkModel
+from specjax.drafters.dspark import DSparkDrafter, dspark_model
 from specjax.drafters.mtp_parallel import MTPParallelDrafter, ParallelHeads
 from specjax.drafters.mtp_sequential import MTPSequentialDrafter, SequentialModules
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
@@ -82,11 +82,11 @@ def drafters(target):
   fg, fp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6)), nnx.Param)
   mg, mp = nnx.split(DFlashModel(cfg, 1, 2, rngs=nnx.Rngs(6), mask_token_id=V - 1), nnx.Param)
   # DFlash 2: q is the selector's distribution over its top-3 candidates (0 elsewhere)
-  tg, tp = nnx.split(DFlash2Model(cfg, 1, 2, rngs=nnx.Rngs(8), mask_token_id=V - 1,
-                                  selector_rank=4, selector_top_k=3), nnx.Param)
+  tg, tp = nnx.split(dflash2_model(cfg, 1, 2, rngs=nnx.Rngs(8), mask_token_id=V - 1,
+                                   selector_rank=4, selector_top_k=3), nnx.Param)
   # DSpark: Markov walk with a non-zero transition (q_j depends on draft j-1) and confidences
   # that vary, so the threshold schedule verifies 0, 1 or 2 drafts
-  kg, kp = nnx.split(DSparkModel(cfg, 1, 2, 4, rngs=nnx.Rngs(8)), nnx.Param)
+  kg, kp = nnx.split(dspark_model(cfg, 1, 2, 4, rngs=nnx.Rngs(8)), nnx.Param)
   kp = perturbed(kp, 9, 0.5)
   # EAGLE-3 on a 6-token draft vocabulary: q is zero on the 2 tokens outside it, and each
   # chained draft's q depends on the draft before it

@@ -85,7 +85,7 @@ class InspectingDFlash(DFlashDrafter):
   """DFlash that records, at compile time, the shardings of what it sees inside the loop."""
 
   def propose(self, params, target, caches, ctx, sampler, rng):
-    for name, x in (("drafter_cache_k", caches[0].k_BxSxKxH), ("seq", ctx.seq_BxS),
+    for name, x in (("drafter_cache_k", caches[0].k_BxSxKVxH), ("seq", ctx.seq_BxS),
                     ("target_wq", target.blocks[0].attn.wq[...]),
                     ("target_mlp", target.blocks[0].mlp.w_up[...]),
                     ("drafter_wq", nnx.merge(self.graphdef, params).layers[0].attn.wq[...])):
@@ -108,7 +108,7 @@ def test_parameters_and_caches_are_sharded_inside_the_loop(target, prompts):
   assert spec("target_mlp")[1] == "tensor"  # [embed, mlp]
   assert spec("drafter_wq")[1] == "tensor"
   # the loop's final carry: the target's KV cache over batch and kv_heads, tokens over batch
-  k = out.cache.layers[0].k_BxSxKxH
+  k = out.cache.layers[0].k_BxSxKVxH
   assert tuple(k.sharding.spec)[:3] == ("data", None, "tensor"), k.sharding
   assert out.tokens_BxN.sharding.spec[0] == "data"
 

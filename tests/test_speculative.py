@@ -71,8 +71,8 @@ def test_target_cache_after_rejections_equals_ar_cache(models):
   end_ar, end_spec = np.asarray(ar.cache.end_B), np.asarray(spec.cache.end_B)
   np.testing.assert_array_equal(end_spec, end_ar)  # only what was committed is kept
   for layer_ar, layer_spec in zip(ar.cache.layers, spec.cache.layers):
-    for a, s in ((layer_ar.k_BxSxKxH, layer_spec.k_BxSxKxH),
-                 (layer_ar.v_BxSxKxH, layer_spec.v_BxSxKxH)):
+    for a, s in ((layer_ar.k_BxSxKVxH, layer_spec.k_BxSxKVxH),
+                 (layer_ar.v_BxSxKVxH, layer_spec.v_BxSxKVxH)):
       for b, end in enumerate(end_ar):
         np.testing.assert_allclose(np.asarray(s[b, :end]), np.asarray(a[b, :end]), atol=2e-5)
 
@@ -140,7 +140,7 @@ def test_verify_at_width_is_the_plain_pass_at_that_width(models):
                                np.asarray(plain.logits_BxTxV), atol=1e-5)
     assert int(out.cache.end_B[0]) == 6 + expect + 1
     for a, b in zip(out.cache.layers, plain.cache.layers):
-      np.testing.assert_allclose(np.asarray(a.k_BxSxKxH), np.asarray(b.k_BxSxKxH), atol=1e-5)
+      np.testing.assert_allclose(np.asarray(a.k_BxSxKVxH), np.asarray(b.k_BxSxKVxH), atol=1e-5)
 
 
 def test_draft_model_cache_rolls_back_at_every_position(models):
@@ -200,8 +200,8 @@ def test_rows_that_finish_early_keep_exactly_their_committed_cache(models, eos):
   np.testing.assert_array_equal(np.asarray(spec.cache.end_B), np.asarray(ar.cache.end_B))
   for layer_ar, layer_spec in zip(ar.cache.layers, spec.cache.layers):
     for b, end in enumerate(np.asarray(ar.cache.end_B)):
-      np.testing.assert_allclose(np.asarray(layer_spec.k_BxSxKxH[b, :end]),
-                                 np.asarray(layer_ar.k_BxSxKxH[b, :end]), atol=2e-5)
+      np.testing.assert_allclose(np.asarray(layer_spec.k_BxSxKVxH[b, :end]),
+                                 np.asarray(layer_ar.k_BxSxKVxH[b, :end]), atol=2e-5)
 
 
 def test_decoders_refuse_rows_that_do_not_fit_the_cache(models):

@@ -47,8 +47,8 @@ class DFlashLayer(Block):
     def attend(h):
       q = self.attn.queries(h, positions_BxQ)
       k, v = self.attn.keys_values(h, positions_BxQ)
-      k = jnp.concatenate([ctx.k_BxSxKxH.astype(k.dtype), k], axis=1)
-      v = jnp.concatenate([ctx.v_BxSxKxH.astype(v.dtype), v], axis=1)
+      k = jnp.concatenate([ctx.k_BxSxKVxH.astype(k.dtype), k], axis=1)
+      v = jnp.concatenate([ctx.v_BxSxKVxH.astype(v.dtype), v], axis=1)
       return self.attn.attend(q, k, v, mask_BxQxC)
     return self.sublayers(x_BxQxD, attend, block_size)
 
@@ -68,26 +68,32 @@ class DFlashLayer(Block):
       q = self.attn.queries(h, positions_BxQ)
       k, v = self.attn.keys_values(h, positions_BxQ)
       start = positions_BxQ[:, 0]
-      new = LayerKV(write_rows(cache.k_BxSxKxH, k, start), write_rows(cache.v_BxSxKxH, v, start))
+      new = LayerKV(write_rows(cache.k_BxSxKVxH, k, start), write_rows(cache.v_BxSxKVxH, v, start))
       written.append(new)
       limit = jnp.broadcast_to(positions_BxQ[:, -1:], positions_BxQ.shape)  # non-causal block
-      return self.attn.attend_prefix(q, new.k_BxSxKxH, new.v_BxSxKxH, limit, num_keys)
+      return self.attn.attend_prefix(q, new.k_BxSxKVxH, new.v_BxSxKVxH, limit, num_keys)
     x = self.sublayers(x_BxQxD, attend, x_BxQxD.shape[1])
     return x, written[0]
 
 
 class DFlashModel(nnx.Module):
-  """The drafter's parameters: feature projection, mask embedding, layers, final norm."""
+  """The block backbone's parameters (feature projection, mask embedding, layers, final norm)
+  and the method's heads. DFlash, DSpark and DFlash 2 are this module with other layers or
+  heads (`dspark.dspark_model`, `dflash2.dflash2_model`)."""
 
   def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
                rngs: nnx.Rngs, layer_cfg: TransformerConfig | None = None,
                mask_token_id: int | None = None, output_multiplier: float = 1.0,
-               logit_softcap: float = 0.0, embedding_scale: float = 1.0, make_layer=None):
+               logit_softcap: float = 0.0, embedding_scale: float = 1.0, make_layer=None,
+               heads=None):
     """cfg: the target's shape. layer_cfg: the drafter layers' shape (d_model = the target's;
     default: the target's own). mask_token_id: mask slots are the target's embedding of this
     token (None: a learned mask vector). embedding_scale multiplies the block's embeddings.
     make_layer(layer_cfg, rngs): one block layer (default DFlashLayer; DFlash 2 passes its
-    convolution-wrapped layer)."""
+    convolution-wrapped layer). heads(rngs) -> {attribute name: module}: the method's modules
+    on top of the backbone, made after it (DFlash: none, it reads the target's LM head; DSpark:
+    the Markov and confidence heads; DFlash 2: the candidate selector); the drafter calls
+    them."""
     layer_cfg = layer_cfg or cfg
     if layer_cfg.d_model != cfg.d_model:
       raise ValueError(f"drafter d_model {layer_cfg.d_model} != target d_model {cfg.d_model}")
@@ -106,6 +112,10 @@ class DFlashModel(nnx.Module):
     make_layer = make_layer or (lambda c, rngs: DFlashLayer(c, rngs=rngs))
     self.layers = nnx.List([make_layer(layer_cfg, rngs) for _ in range(num_layers)])
     self.final_norm = RMSNorm(d, eps=eps, param_dtype=pd, rngs=rngs)
+    for name, head in (heads(rngs) if heads else {}).items():
+      if hasattr(self, name):
+        raise ValueError(f"head name {name!r} is taken by the backbone")
+      setattr(self, name, head)
 
   def project(self, features) -> jax.Array:
     """Target features (a tuple of [B, T, D]) -> context features [B, T, D]."""
@@ -174,8 +184,8 @@ class DFlashDrafter(Drafter):
     ctx = model.project(features)
     positions = start_B[:, None] + jnp.arange(ctx.shape[1])[None, :]
     new = model.context_kv(ctx, positions)
-    return tuple(LayerKV(write_rows(c.k_BxSxKxH, n.k_BxSxKxH, start_B),
-                         write_rows(c.v_BxSxKxH, n.v_BxSxKxH, start_B))
+    return tuple(LayerKV(write_rows(c.k_BxSxKVxH, n.k_BxSxKVxH, start_B),
+                         write_rows(c.v_BxSxKVxH, n.v_BxSxKVxH, start_B))
                  for c, n in zip(caches, new))
 
   def init(self, params, target, prefill: Prefill):

@@ -138,19 +138,19 @@ def scatter_q(q_BxKxN, cand_BxKxN, vocab: int):
       q_BxKxN)
 
 
-class DFlash2Model(dflash.DFlashModel):
-  """DFlash's parameters with DFlash 2 layers, plus the candidate selector."""
-
-  def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int, *,
-               rngs: nnx.Rngs, conv_kernel_size: int = 2, conv_group_size: int = 16,
-               selector_rank: int = 64, selector_top_k: int = 16, **kwargs):
-    super().__init__(cfg, num_layers, num_features, rngs=rngs, **kwargs,
-                     make_layer=lambda c, rngs: DFlash2Layer(c, conv_kernel_size,
-                                                             conv_group_size, rngs=rngs))
-    layer_cfg = self.layer_cfg
-    self.candidate_selector = CandidateSelector(cfg.d_model, cfg.vocab_size, selector_rank,
-                                                selector_top_k, rngs=rngs,
-                                                param_dtype=layer_cfg.weight_dtype)
+def dflash2_model(cfg: TransformerConfig, num_layers: int, num_features: int, *,
+                  rngs: nnx.Rngs, conv_kernel_size: int = 2, conv_group_size: int = 16,
+                  selector_rank: int = 64, selector_top_k: int = 16,
+                  **backbone) -> dflash.DFlashModel:
+  """DFlash's block backbone with DFlash 2 layers and the candidate selector as its head."""
+  layer_cfg = backbone.get("layer_cfg") or cfg
+  selector = lambda rngs: {"candidate_selector": CandidateSelector(
+      cfg.d_model, cfg.vocab_size, selector_rank, selector_top_k, rngs=rngs,
+      param_dtype=layer_cfg.weight_dtype)}
+  return dflash.DFlashModel(
+      cfg, num_layers, num_features, rngs=rngs, **backbone,
+      make_layer=lambda c, rngs: DFlash2Layer(c, conv_kernel_size, conv_group_size, rngs=rngs),
+      heads=selector)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ SELECTOR_KEYS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 
 
 
 def build_model(cfg, target_cfg, rngs):
-  return DFlash2Model(
+  return dflash2_model(
       target_cfg, cfg.num_layers, len(dflash.feature_layers(cfg, target_cfg.num_layers)),
       rngs=rngs, **dflash.backbone_kwargs(cfg, target_cfg),
       **{k: int(cfg.get(k, v)) for k, v in SELECTOR_KEYS.items()})

@@ -1,8 +1,8 @@
 """DSpark (DeepSeek-AI 2026): the DFlash drafter with a sequential Markov head and a
 confidence head that tells the loop how much of the block is worth verifying.
 
-- Backbone: DFlash (`DFlashModel`, reused as is), aligned as in DeepSpec: the block is
-  [anchor, MASK x (B-1)] and every slot predicts, slot j the token after position anchor + j,
+- Backbone: DFlash's (`DFlashModel`) with the two heads below; aligned as in DeepSpec: the
+  block is [anchor, MASK x (B-1)] and every slot predicts, slot j the token after position anchor + j,
   so B inputs give B drafts and the anchor slot's own prediction is the first draft.
 - Markov head: logits_j = U_j + W2(W1[x_{j-1}]) with W1 a V x r embedding and W2 an r -> V
   map; x_0 is the anchor token. Drafting walks the block left to right on device: argmax at
@@ -29,45 +29,72 @@ from specjax.errors import SpecjaxError
 from specjax.models.layers import TransformerConfig, param
 
 
-class DSparkModel(DFlashModel):
-  """DFlash's parameters plus the Markov head (W1, W2; none when markov_rank = 0) and the
-  confidence head (w, b)."""
+class MarkovHead(nnx.Module):
+  """W1 [V, r], the previous token's embedding, and W2 [r, V], its logit bias (no parameters
+  when rank = 0: no dependence between slots)."""
 
-  def __init__(self, cfg: TransformerConfig, num_layers: int, num_features: int,
-               markov_rank: int, *, rngs: nnx.Rngs, **backbone):
-    """backbone: DFlashModel's keywords (layer shape, mask token, output scaling)."""
-    super().__init__(cfg, num_layers, num_features, rngs=rngs, **backbone)
-    d, v, r, pd = cfg.d_model, cfg.vocab_size, markov_rank, cfg.weight_dtype
-    self.markov_rank = r
-    if r:
-      self.markov_w1 = param(rngs, nnx.initializers.normal(1.0), (v, r), ("vocab", None), pd)
+  def __init__(self, vocab: int, rank: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.rank = rank
+    if rank:
+      self.markov_w1 = param(rngs, nnx.initializers.normal(1.0), (vocab, rank), ("vocab", None),
+                             param_dtype)
       # zero: the head starts as the plain backbone and learns the transition from there
-      self.markov_w2 = param(rngs, nnx.initializers.zeros, (r, v), (None, "vocab"), pd)
-    self.confidence_w = param(rngs, nnx.initializers.zeros, (d + r,), (None,), pd)
-    self.confidence_b = param(rngs, nnx.initializers.zeros, (), (), pd)
+      self.markov_w2 = param(rngs, nnx.initializers.zeros, (rank, vocab), (None, "vocab"),
+                             param_dtype)
 
-  def previous_embedding(self, prev_tokens):
+  def embed(self, prev_tokens):
     """W1[x_{j-1}] ([..., r]; [..., 0] without a Markov head)."""
-    if not self.markov_rank:
+    if not self.rank:
       return jnp.zeros(prev_tokens.shape + (0,), jnp.float32)
     return jnp.take(self.markov_w1[...], prev_tokens, axis=0).astype(jnp.float32)
 
-  def markov_logits(self, prev_embedding):
-    if not self.markov_rank:
+  def __call__(self, prev_embedding):
+    """The logits the previous token adds (0.0 without a Markov head)."""
+    if not self.rank:
       return 0.0
     return prev_embedding @ self.markov_w2[...].astype(jnp.float32)
 
-  def confidence_logit(self, hidden, prev_embedding):
+
+class ConfidenceHead(nnx.Module):
+  """c_j = sigmoid(w . [h_j ; W1[x_{j-1}]] + b), w [H + r], b []; zero at init."""
+
+  def __init__(self, d: int, rank: int, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.w = param(rngs, nnx.initializers.zeros, (d + rank,), (None,), param_dtype)
+    self.b = param(rngs, nnx.initializers.zeros, (), (), param_dtype)
+
+  def __call__(self, hidden, prev_embedding):
+    """The confidence logit."""
     x = jnp.concatenate([hidden.astype(jnp.float32), prev_embedding], axis=-1)
-    return x @ self.confidence_w[...].astype(jnp.float32) + self.confidence_b[...]
+    return x @ self.w[...].astype(jnp.float32) + self.b[...]
 
 
-def markov_walk(model: DSparkModel, base_logits_BxKxV, hidden_BxKxD, anchor_B, sampler, rng):
+def dspark_model(cfg: TransformerConfig, num_layers: int, num_features: int, markov_rank: int,
+                 *, rngs: nnx.Rngs, **backbone) -> DFlashModel:
+  """DFlash's block backbone with DSpark's heads: `markov_head` and `confidence_head`.
+  backbone: DFlashModel's keywords (layer shape, mask token, output scaling)."""
+  pd = cfg.weight_dtype
+  heads = lambda rngs: {
+      "markov_head": MarkovHead(cfg.vocab_size, markov_rank, rngs=rngs, param_dtype=pd),
+      "confidence_head": ConfidenceHead(cfg.d_model, markov_rank, rngs=rngs, param_dtype=pd)}
+  return DFlashModel(cfg, num_layers, num_features, rngs=rngs, heads=heads, **backbone)
+
+
+# Checkpoints written before the heads were modules of their own (their parameters sat on the
+# model): old path -> new path. They decode (run_dir.load_module renames them on load); their
+# training does not resume (README, "DSpark").
+LEGACY_PATHS = {("markov_w1",): ("markov_head", "markov_w1"),
+                ("markov_w2",): ("markov_head", "markov_w2"),
+                ("confidence_w",): ("confidence_head", "w"),
+                ("confidence_b",): ("confidence_head", "b")}
+
+
+def markov_walk(model: DFlashModel, base_logits_BxKxV, hidden_BxKxD, anchor_B, sampler, rng):
   """Left-to-right drafting through the Markov head. Returns (drafts [B, K], q [B, K, V] or
   None at T = 0, confidences [B, K])."""
   k = base_logits_BxKxV.shape[1]
   keys = jax.random.split(rng, k)
-  if not model.markov_rank:  # no dependence between slots: one vectorised draw
+  markov, confidence = model.markov_head, model.confidence_head
+  if not markov.rank:  # no dependence between slots: one vectorised draw
     if sampler.greedy:
       drafts, q = jnp.argmax(base_logits_BxKxV, -1).astype(jnp.int32), None
     else:
@@ -76,14 +103,13 @@ def markov_walk(model: DSparkModel, base_logits_BxKxV, hidden_BxKxD, anchor_B, s
                         in_axes=(0, 1), out_axes=1)(keys, logp).astype(jnp.int32)
       q = jnp.exp(logp)
     prev = jnp.concatenate([anchor_B[:, None], drafts[:, :-1]], axis=1)
-    conf = jax.nn.sigmoid(model.confidence_logit(hidden_BxKxD, model.previous_embedding(prev)))
+    conf = jax.nn.sigmoid(confidence(hidden_BxKxD, markov.embed(prev)))
     return drafts, q, conf
 
   def slot(prev_B, x):
     logits_BxV, hidden_BxD = x
-    e = model.previous_embedding(prev_B)
-    conf = jax.nn.sigmoid(model.confidence_logit(hidden_BxD, e))
-    return logits_BxV + model.markov_logits(e), None, conf
+    e = markov.embed(prev_B)
+    return logits_BxV + markov(e), None, jax.nn.sigmoid(confidence(hidden_BxD, e))
 
   drafts, _, q, conf = walk(slot, (base_logits_BxKxV, hidden_BxKxD), anchor_B, sampler, rng)
   return drafts, q, conf
@@ -187,6 +213,6 @@ class DSparkDrafter(DFlashDrafter):
 def build_model(cfg, target_cfg, rngs):
   """DSpark from its training config (abstractly under nnx.eval_shape when loading)."""
   from specjax.drafters.dflash import backbone_kwargs, feature_layers
-  return DSparkModel(target_cfg, cfg.num_layers,
-                     len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs,
-                     **backbone_kwargs(cfg, target_cfg))
+  return dspark_model(target_cfg, cfg.num_layers,
+                      len(feature_layers(cfg, target_cfg.num_layers)), cfg.markov_rank, rngs=rngs,
+                      **backbone_kwargs(cfg, target_cfg))

@@ -377,10 +377,10 @@ def dspark_table(cfg) -> dict[str, tuple[tuple, int]]:
   from specjax.interop import zlab
   table = dict(zlab.name_table(cfg.num_layers))
   if int(cfg.markov_rank):
-    table["markov_head.markov_w1.weight"] = (("markov_w1",), 0)
-    table["markov_head.markov_w2.weight"] = (("markov_w2",), 1)
-  table["confidence_head.proj.weight"] = (("confidence_w",), 1)
-  table["confidence_head.proj.bias"] = (("confidence_b",), 0)
+    table["markov_head.markov_w1.weight"] = (("markov_head", "markov_w1"), 0)
+    table["markov_head.markov_w2.weight"] = (("markov_head", "markov_w2"), 1)
+  table["confidence_head.proj.weight"] = (("confidence_head", "w"), 1)
+  table["confidence_head.proj.bias"] = (("confidence_head", "b"), 0)
   return table
 
 

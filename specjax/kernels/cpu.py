@@ -2,7 +2,7 @@
 from jitted code through XLA's FFI.
 
   y_MxN = matmul(x_MxK, packed_weight)   # f32, bf16, or llama.cpp-style blocks (8 or 4 bits)
-  out_BxTxNxH = attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)   # over a KV cache
+  out_BxTxNxH = attention(q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, limit_BxT)   # over a KV cache
 
 The library is compiled with -O3 -march=native into a cache folder (SPECJAX_CACHE, else
 ~/.cache/specjax) keyed by the source, the flags, jaxlib's version and this CPU's feature
@@ -123,12 +123,12 @@ def matmul(x_MxK, w):
   return jax.ffi.ffi_call(target, out)(x_MxK.astype(jnp.float32), w.data, scales)
 
 
-def attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT):
+def attention(q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, limit_BxT):
   """Softmax attention of T new positions per row over a KV cache: query (b, t) sees the slots
   s <= limit[b, t] of its KV head (query head n uses KV head n // (N / KV)), and only those
   are read. float32; head size a multiple of 16."""
   require()
   f32 = jnp.float32
   out = jax.ShapeDtypeStruct(q_BxTxNxH.shape, f32)
-  return jax.ffi.ffi_call(ATTENTION, out)(q_BxTxNxH.astype(f32), k_BxSxKxH.astype(f32),
-                                          v_BxSxKxH.astype(f32), limit_BxT.astype(jnp.int32))
+  return jax.ffi.ffi_call(ATTENTION, out)(q_BxTxNxH.astype(f32), k_BxSxKVxH.astype(f32),
+                                          v_BxSxKVxH.astype(f32), limit_BxT.astype(jnp.int32))

@@ -75,12 +75,12 @@ DSPARK_CALIBRATION = "calibration.json"  # per-position temperatures, written af
 def load_dspark(run_dir: str, target, k: int, name: str = "dspark"):
   """(graphdef, params, feature layers, calibration temperatures) of a trained DSpark."""
   from specjax.drafters import dflash as dflash_lib
-  from specjax.drafters.dspark import build_model
+  from specjax.drafters.dspark import LEGACY_PATHS, build_model
   if k < 1:
     raise SpecjaxError(f"DSpark needs at least one draft, got {k}")
   graphdef, params, cfg = run_dir_lib.load_module(
       run_dir, name, lambda cfg, rngs: build_model(cfg, target.model_cfg, rngs),
-      get_command(name))
+      get_command(name), legacy_paths=LEGACY_PATHS)
   if k > cfg.block_size:
     raise SpecjaxError(f"{k} drafts but {name} was trained with block_size="
                        f"{cfg.block_size}; lower --config.block_size (DSpark drafts "

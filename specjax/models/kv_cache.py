@@ -42,8 +42,8 @@ def read_rows(buffer_BxSx, start_B, length):
 
 @struct.dataclass
 class LayerKV:
-  k_BxSxKxH: jax.Array
-  v_BxSxKxH: jax.Array
+  k_BxSxKVxH: jax.Array
+  v_BxSxKVxH: jax.Array
 
 
 @struct.dataclass
@@ -61,7 +61,7 @@ class KVCache:
 
   @property
   def length(self) -> int:
-    return self.layers[0].k_BxSxKxH.shape[1]
+    return self.layers[0].k_BxSxKVxH.shape[1]
 
   def rollback(self, end_B) -> KVCache:
     """Keeps positions [0, end_B) of each row; everything after is dead."""

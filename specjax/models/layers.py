@@ -2,6 +2,10 @@
 
 Parameters carry logical axis names (`embed`, `heads`, `kv_heads`, `head_dim`, `mlp`,
 `vocab`, `norm`); `specjax.sharding` maps them onto mesh axes.
+
+Array names end in their shape, one letter (or KV) per axis, as in `k_BxSxKVxH`: B rows, T new
+positions, S cached positions, D model width, N query heads, KV key/value heads, H head
+width, F MLP width, V vocabulary; in the drafters K is the drafts per step.
 """
 
 from __future__ import annotations
@@ -155,16 +159,16 @@ class Attention(nnx.Module):
     return apply_rope(k, positions_BxT, self.cfg.rope_theta,
                       self.cfg.rope_llama3_scaling), v
 
-  def _heads(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+  def _heads(self, q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, mask_BxTxS):
     """Softmax attention per head (scores and their sum in float32), before `wo`."""
     b, t, n, hd = q_BxTxNxH.shape
-    kv = k_BxSxKxH.shape[2]
+    kv = k_BxSxKVxH.shape[2]
     q = q_BxTxNxH.reshape(b, t, kv, n // kv, hd)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKxH, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BxSxKVxH, preferred_element_type=jnp.float32)
     scores = scores * (hd**-0.5)
     scores = jnp.where(mask_BxTxS[:, None, None, :, :], scores, NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKxH.dtype)
-    return jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKxH).reshape(b, t, n, hd)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxSxKVxH.dtype)
+    return jnp.einsum("bkgts,bskh->btkgh", probs, v_BxSxKVxH).reshape(b, t, n, hd)
 
   def _out(self, heads_BxTxNxH):
     # one contraction over the merged (head, head_dim) axis: contracting two axes let XLA:CPU
@@ -173,11 +177,11 @@ class Attention(nnx.Module):
     return self._proj(heads_BxTxNxH.reshape(b, t, n * hd), self.wo, "btf,fd->btd",
                       (n * hd, -1))
 
-  def attend(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS):
+  def attend(self, q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, mask_BxTxS):
     """Attention under an explicit mask over all S keys (training, reference passes)."""
-    return self._out(self._heads(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS))
+    return self._out(self._heads(q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, mask_BxTxS))
 
-  def attend_prefix(self, q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT, num_keys):
+  def attend_prefix(self, q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, limit_BxT, num_keys):
     """Attention over cache slots j <= limit[b, t] (slot j holds position j). Only the
     shortest bucket prefix of the cache holding `num_keys` slots is read (`num_keys` >= every
     limit + 1, a traced scalar), so the cost follows the committed length, not cache_len."""
@@ -192,10 +196,10 @@ class Attention(nnx.Module):
       # the CPU kernels hold this layer's weights (decode_weights): their attention reads
       # exactly the slots each query sees, with no buckets
       from specjax.kernels import cpu
-      out = cpu.attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
+      out = cpu.attention(q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, limit_BxT)
       return self._out(out.astype(q_BxTxNxH.dtype))
-    buckets = key_buckets(k_BxSxKxH.shape[1])
-    operands = (q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, limit_BxT)
+    buckets = key_buckets(k_BxSxKVxH.shape[1])
+    operands = (q_BxTxNxH, k_BxSxKVxH, v_BxSxKVxH, limit_BxT)
     if len(buckets) == 1:
       return self._out(branch(buckets[0])(*operands))
     # the first bucket holding num_keys slots (a compare and a sum: searchsorted is a loop)
@@ -211,10 +215,10 @@ class Attention(nnx.Module):
     if cache is None:
       return self.attend(q, k, v, mask_BxTxS), None
     cache = LayerKV(
-        write_rows(cache.k_BxSxKxH, k, write_start_B),
-        write_rows(cache.v_BxSxKxH, v, write_start_B),
+        write_rows(cache.k_BxSxKVxH, k, write_start_B),
+        write_rows(cache.v_BxSxKVxH, v, write_start_B),
     )
-    return self.attend_prefix(q, cache.k_BxSxKxH, cache.v_BxSxKxH, positions_BxT,
+    return self.attend_prefix(q, cache.k_BxSxKVxH, cache.v_BxSxKVxH, positions_BxT,
                               num_keys), cache
 
 

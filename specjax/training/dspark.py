@@ -42,13 +42,13 @@ def block_outputs(model, target, target_out, batch, anchors, real, bs: int):
   labels, valid = labels[..., 1:], valid[..., 1:]  # slot j -> t_{a+j+1}
   prev, _ = block_targets(tokens, seg, anchors, real, bs)  # slot j reads t_{a+j}
   hidden = block_hidden(model, target, target_out, batch, anchors, bs)
-  e = model.previous_embedding(prev)
-  logits = target.logits(hidden).reshape(b, a, bs, -1) + model.markov_logits(e)
+  e = model.markov_head.embed(prev)
+  logits = target.logits(hidden).reshape(b, a, bs, -1) + model.markov_head(e)
   hidden = hidden.reshape(b, a, bs, -1)
   idx = jnp.minimum(anchors[..., None] + jnp.arange(bs), t - 1).reshape(b, -1)
   p_target = jax.nn.softmax(jnp.take_along_axis(target_out.logits_BxTxV, idx[..., None], axis=1
                                                 ).reshape(b, a, bs, -1), axis=-1)
-  return logits, p_target, model.confidence_logit(hidden, e), labels, valid
+  return logits, p_target, model.confidence_head(hidden, e), labels, valid
 
 
 def dspark_loss(model_graphdef, target_graphdef, cfg, layers):
