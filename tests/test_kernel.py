@@ -116,8 +116,9 @@ print(json.dumps({{fmt: kernel(x, random_weight(fmt, 96, 64, seed=8)).tolist()
 
 
 def test_portable_build_computes_the_same_products(tmp_path):
-  """The kernel built without AVX-512 (its portable path, for other CPUs) gives the products
-  of the vectorized build: the same arithmetic in the same order, up to float32 rounding."""
+  """The kernel built for x86-64-v2 (its portable path, for CPUs without AVX2 or AVX-512)
+  gives the products of this CPU's vectorized build (AVX-512 or AVX2): the same arithmetic in
+  the same order, up to float32 rounding."""
   import json
   import os
   import subprocess

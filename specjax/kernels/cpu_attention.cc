@@ -70,6 +70,41 @@ inline void scores16(const float* q, const float* k, int64_t stride, int64_t h, 
   }
   _mm512_storeu_ps(out, sum16(prod));
 }
+#elif defined(SPECJAX_AVX2)
+// e^x for x <= 0, as the AVX-512 path (Cephes' polynomial), 8 lanes at a time; 2^n is built
+// in the exponent bits, so below x = -87 (e^-87 = 1.6e-38) the result is 0.
+inline __m256 vexp8(__m256 x) {
+  const __m256 tiny = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                       _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(tiny, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+inline void exp_inplace(float* x, int64_t n) {  // n is a multiple of 16 (softmax's width)
+  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, vexp8(_mm256_loadu_ps(x + i)));
+}
+// q . k for the keys s0 .. s0 + n - 1 (n <= 16; the rest of the lanes 0).
+inline void scores16(const float* q, const float* k, int64_t stride, int64_t h, int64_t n,
+                     float* out) {
+  for (int64_t j = 0; j < 16; ++j) {
+    __m256 acc = _mm256_setzero_ps();
+    if (j < n)
+      for (int64_t i = 0; i < h; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + j * stride + i), acc);
+    out[j] = hsum8(acc);
+  }
+}
 #else
 inline void exp_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = __builtin_expf(x[i]);

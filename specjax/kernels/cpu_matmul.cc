@@ -17,6 +17,9 @@
 // does not depend on M or on the other rows in the call. A verify pass over K+1 positions is
 // bit-identical to K+1 one-token passes, and greedy speculative decoding equals AR exactly.
 //
+// Vector paths: AVX-512, AVX2 with FMA (8-wide, tiled for its 16 registers), and a portable
+// one the compiler vectorizes; all compute the same sums in the same order.
+//
 // Built by specjax/kernels/cpu.py with the host compiler (-O3 -march=native) and called
 // through XLA's FFI (jax.ffi), with work split over XLA's intra-op thread pool.
 #include "cpu_common.h"
@@ -63,6 +66,31 @@ inline void load_row(const uint8_t* row, const Vec* dm, Vec& lo, Vec& hi) {
     hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), dm[1], dm[3]);
   }
 }
+#elif defined(SPECJAX_AVX2)
+// Weights q*8 .. q*8 + 7 of one input row of a panel (q = 0..3), with d and m their (scale,
+// offset) vectors: the same values as the AVX-512 path, 8 at a time.
+template <int FMT>
+inline __m256 load8(const uint8_t* row, __m256 d, __m256 m, int q) {
+  if constexpr (FMT == kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 8 * q);
+  } else if constexpr (FMT == kBF16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * q));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+  } else if constexpr (FMT == kQ8) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * q));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), d, m);
+  } else {  // outputs 0-15 are the low nibbles of bytes 0-15, outputs 16-31 the high ones
+    __m256i v = _mm256_cvtepu8_epi32(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 8 * (q & 1))));
+    v = q < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(15)) : _mm256_srli_epi32(v, 4);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), d, m);
+  }
+}
+template <int FMT>
+inline void load_row(const uint8_t* row, const Vec* dm, Vec& lo, Vec& hi) {
+  lo = {load8<FMT>(row, dm[0].lo, dm[2].lo, 0), load8<FMT>(row, dm[0].hi, dm[2].hi, 1)};
+  hi = {load8<FMT>(row, dm[1].lo, dm[3].lo, 2), load8<FMT>(row, dm[1].hi, dm[3].hi, 3)};
+}
 #else
 template <int FMT>
 inline void load_row(const uint8_t* row, const Vec* dm, Vec& lo, Vec& hi) {
@@ -83,6 +111,58 @@ inline void load_row(const uint8_t* row, const Vec* dm, Vec& lo, Vec& hi) {
 }
 #endif
 
+#if defined(SPECJAX_AVX2)
+// AVX2 has 16 vector registers: the MT rows' accumulators for NQ of a panel's 4 vectors of 8
+// outputs must fit, so more rows take fewer outputs at a time and walk the panel in 4 / NQ
+// passes (the later ones read it from cache). Each (row, output) sum still runs over k in
+// order in its own lane, with the same fused multiply-adds as the other paths.
+template <int FMT, int MT, int NQ>
+inline void block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t N,
+                  int64_t panel) {
+  const int64_t K = w.K;
+  const uint8_t* rows = w.data + panel * K * kRowBytes<FMT>;
+  for (int q0 = 0; q0 < 4; q0 += NQ) {
+    __m256 acc[MT][NQ];
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < NQ; ++j) acc[m][j] = _mm256_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
+      __m256 d[NQ], o[NQ];  // scale and offset of this block's outputs
+      if constexpr (FMT >= kQ8) {
+        const float* s = w.scales + (panel * (K / kGroup) + k0 / kGroup) * 2 * kGroup;
+        for (int j = 0; j < NQ; ++j) {
+          d[j] = _mm256_loadu_ps(s + 8 * (q0 + j));
+          o[j] = _mm256_loadu_ps(s + kGroup + 8 * (q0 + j));
+        }
+      } else {
+        for (int j = 0; j < NQ; ++j) d[j] = o[j] = _mm256_setzero_ps();
+      }
+      for (int64_t k = k0; k < k0 + kGroup; ++k) {
+        const uint8_t* row = rows + k * kRowBytes<FMT>;
+        if (q0 == 0) {  // the first pass streams the panel: one prefetch per 64-byte line
+          if ((k * kRowBytes<FMT>) % 64 == 0) prefetch(row + kPrefetch);
+          if (kRowBytes<FMT> > 64) prefetch(row + 64 + kPrefetch);
+        }
+        __m256 wt[NQ];
+        for (int j = 0; j < NQ; ++j) wt[j] = load8<FMT>(row, d[j], o[j], q0 + j);
+        for (int m = 0; m < MT; ++m) {
+          const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
+          for (int j = 0; j < NQ; ++j) acc[m][j] = _mm256_fmadd_ps(xb, wt[j], acc[m][j]);
+        }
+      }
+    }
+    for (int m = 0; m < MT; ++m)
+      for (int j = 0; j < NQ; ++j)
+        _mm256_storeu_ps(y + m * N + panel * kGroup + 8 * (q0 + j), acc[m][j]);
+  }
+}
+
+template <int FMT, int MT>
+void rows_block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t N, int64_t p0,
+                int64_t p1) {
+  constexpr int NQ = MT <= 2 ? 4 : MT <= 5 ? 2 : 1;
+  for (int64_t p = p0; p < p1; ++p) block<FMT, MT, NQ>(w, x, ldx, y, N, p);
+}
+#else
 // MT rows of x against NP panels from `panel` (32 * NP outputs): acc[m][2p + h] holds outputs
 // 32p + 16h .. + 15 of row m, summed over k in order.
 template <int FMT, int MT, int NP>
@@ -130,6 +210,7 @@ void rows_block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t
   for (; p + NP <= p1; p += NP) block<FMT, MT, NP>(w, x, ldx, y, N, p);
   for (; p < p1; ++p) block<FMT, MT, 1>(w, x, ldx, y, N, p);
 }
+#endif
 
 // Rows in groups of up to 8 (12 over float32 weights for a prefill: more rows per weight
 // loaded; a row's operations are the same in any group).
