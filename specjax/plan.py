@@ -87,7 +87,7 @@ def target_model_config(cfg):
   `data.vocab_size`); at decode, `target_config` (a target config file) when set; for a
   drafter, its `target_model` (shape) and `target_vocab_size` when set, else the run
   directory's target."""
-  if cfg.get("method", "target") == "target" and "model" in cfg:
+  if methods_lib.trains_target(cfg) and "model" in cfg:
     return run_dir_lib.transformer_config(cfg.model, int(cfg.data.vocab_size))
   if cfg.get("target_config", ""):  # decode.py: a target training config file
     return target_model_config(config_base.load_config_file(cfg.target_config))
@@ -132,11 +132,10 @@ def _per_device_batch(batch: int, mesh) -> int:
 
 def plan_train(cfg, mesh, rules) -> list[tuple[str, int, str]]:
   target_cfg = target_model_config(cfg)
-  method = cfg.get("method", "target")
   b = _per_device_batch(int(cfg.batch_size), mesh)
   rows = []
   target_bytes = state_bytes(_abstract_target(target_cfg), mesh, rules)
-  if method == "target":
+  if methods_lib.trains_target(cfg):
     params = target_bytes
     rows.append(("parameters", params, "trainable"))
     acts = activation_bytes(target_cfg, b, int(cfg.seq_len), _tensor(mesh))

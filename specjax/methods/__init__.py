@@ -158,10 +158,18 @@ def for_training(cfg) -> Method:
   return found[0]
 
 
+TARGET = "target"  # train.py's config.method for the target itself (not a method)
+
+
+def trains_target(cfg) -> bool:
+  """Whether a training config trains the target (a drafter's names its method)."""
+  return cfg.get("method", TARGET) == TARGET
+
+
 def trainers() -> dict[str, Callable]:
   """train.py's config.method -> the function that trains it (the target's included)."""
   from specjax.training.target import train_target
-  table = {"target": train_target}
+  table = {TARGET: train_target}
   for m in _REGISTRY.values():
     if m.trains and m.train is not None:
       table.setdefault(m.trains, m.train)
