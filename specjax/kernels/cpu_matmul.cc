@@ -116,43 +116,73 @@ inline void load_row(const uint8_t* row, const Vec* dm, Vec& lo, Vec& hi) {
 // outputs must fit, so more rows take fewer outputs at a time and walk the panel in 4 / NQ
 // passes (the later ones read it from cache). Each (row, output) sum still runs over k in
 // order in its own lane, with the same fused multiply-adds as the other paths.
+// Outputs Q0 * 8 .. (Q0 + NQ) * 8 - 1 of a panel over the inputs [kb, ke), from 0 (kb = 0) or
+// from the partial sums the previous inputs left in y (an exact store and reload).
+template <int FMT, int MT, int NQ, int Q0>
+__attribute__((always_inline)) inline void pass(const Weights& w, const float* x, int64_t ldx,
+                                                float* y, int64_t N, int64_t panel, int64_t kb,
+                                                int64_t ke) {
+  const int64_t K = w.K;
+  const uint8_t* rows = w.data + panel * K * kRowBytes<FMT>;
+  float* out = y + panel * kGroup + 8 * Q0;
+  __m256 acc[MT][NQ];
+#pragma GCC unroll 16
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int j = 0; j < NQ; ++j)
+      acc[m][j] = kb == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(out + m * N + 8 * j);
+#pragma GCC unroll 1
+  for (int64_t k0 = kb; k0 < ke; k0 += kGroup) {
+    __m256 d[NQ], o[NQ];  // scale and offset of this block's outputs
+#pragma GCC unroll 4
+    for (int j = 0; j < NQ; ++j) {
+      if constexpr (FMT >= kQ8) {
+        const float* s = w.scales + (panel * (K / kGroup) + k0 / kGroup) * 2 * kGroup;
+        d[j] = _mm256_loadu_ps(s + 8 * (Q0 + j));
+        o[j] = _mm256_loadu_ps(s + kGroup + 8 * (Q0 + j));
+      } else {
+        d[j] = o[j] = _mm256_setzero_ps();
+      }
+    }
+#pragma GCC unroll 2
+    for (int64_t k = k0; k < k0 + kGroup; ++k) {
+      const uint8_t* row = rows + k * kRowBytes<FMT>;
+      if constexpr (Q0 == 0) {  // the first pass streams the panel: a prefetch per 64-byte line
+        if ((k * kRowBytes<FMT>) % 64 == 0) prefetch(row + kPrefetch);
+        if (kRowBytes<FMT> > 64) prefetch(row + 64 + kPrefetch);
+      }
+      __m256 wt[NQ];
+#pragma GCC unroll 4
+      for (int j = 0; j < NQ; ++j) wt[j] = load8<FMT>(row, d[j], o[j], Q0 + j);
+#pragma GCC unroll 16
+      for (int m = 0; m < MT; ++m) {
+        const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NQ; ++j) acc[m][j] = _mm256_fmadd_ps(xb, wt[j], acc[m][j]);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int m = 0; m < MT; ++m)
+#pragma GCC unroll 4
+    for (int j = 0; j < NQ; ++j) _mm256_storeu_ps(out + m * N + 8 * j, acc[m][j]);
+}
+
+// Several passes walk the panel in chunks of inputs small enough (4 KB of weights) that the
+// later passes read the chunk from L1.
 template <int FMT, int MT, int NQ>
 inline void block(const Weights& w, const float* x, int64_t ldx, float* y, int64_t N,
                   int64_t panel) {
-  const int64_t K = w.K;
-  const uint8_t* rows = w.data + panel * K * kRowBytes<FMT>;
-  for (int q0 = 0; q0 < 4; q0 += NQ) {
-    __m256 acc[MT][NQ];
-    for (int m = 0; m < MT; ++m)
-      for (int j = 0; j < NQ; ++j) acc[m][j] = _mm256_setzero_ps();
-    for (int64_t k0 = 0; k0 < K; k0 += kGroup) {
-      __m256 d[NQ], o[NQ];  // scale and offset of this block's outputs
-      if constexpr (FMT >= kQ8) {
-        const float* s = w.scales + (panel * (K / kGroup) + k0 / kGroup) * 2 * kGroup;
-        for (int j = 0; j < NQ; ++j) {
-          d[j] = _mm256_loadu_ps(s + 8 * (q0 + j));
-          o[j] = _mm256_loadu_ps(s + kGroup + 8 * (q0 + j));
-        }
-      } else {
-        for (int j = 0; j < NQ; ++j) d[j] = o[j] = _mm256_setzero_ps();
-      }
-      for (int64_t k = k0; k < k0 + kGroup; ++k) {
-        const uint8_t* row = rows + k * kRowBytes<FMT>;
-        if (q0 == 0) {  // the first pass streams the panel: one prefetch per 64-byte line
-          if ((k * kRowBytes<FMT>) % 64 == 0) prefetch(row + kPrefetch);
-          if (kRowBytes<FMT> > 64) prefetch(row + 64 + kPrefetch);
-        }
-        __m256 wt[NQ];
-        for (int j = 0; j < NQ; ++j) wt[j] = load8<FMT>(row, d[j], o[j], q0 + j);
-        for (int m = 0; m < MT; ++m) {
-          const __m256 xb = _mm256_broadcast_ss(x + m * ldx + k);
-          for (int j = 0; j < NQ; ++j) acc[m][j] = _mm256_fmadd_ps(xb, wt[j], acc[m][j]);
-        }
-      }
+  constexpr int64_t chunk = NQ == 4 ? int64_t(1) << 40
+                                    : std::max<int64_t>(kGroup, 4096 / kRowBytes<FMT>);
+  for (int64_t kb = 0; kb < w.K; kb += chunk) {
+    const int64_t ke = std::min(w.K, kb + chunk);
+    pass<FMT, MT, NQ, 0>(w, x, ldx, y, N, panel, kb, ke);
+    if constexpr (NQ <= 2) pass<FMT, MT, NQ, NQ>(w, x, ldx, y, N, panel, kb, ke);
+    if constexpr (NQ == 1) {
+      pass<FMT, MT, NQ, 2>(w, x, ldx, y, N, panel, kb, ke);
+      pass<FMT, MT, NQ, 3>(w, x, ldx, y, N, panel, kb, ke);
     }
-    for (int m = 0; m < MT; ++m)
-      for (int j = 0; j < NQ; ++j)
-        _mm256_storeu_ps(y + m * N + panel * kGroup + 8 * (q0 + j), acc[m][j]);
   }
 }
 
