@@ -60,6 +60,7 @@ def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus
   os.symlink(os.path.join(tiny_run, "target"), base / "target")
   cfg = tiny_train_config("draft_tiny.py", base, template_corpus_dir, tfds_dir, num_steps=4,
                           eval_every=4, **{"model.num_layers": 1})
+  cfg.feature_cache_store = True
   trained = []
 
   def train(c):
@@ -74,6 +75,8 @@ def test_sweep_trains_each_variant_once_and_ranks_them(tiny_run, template_corpus
   for r in rows:
     variant = base / "sweeps" / "draft" / r["variant"]
     assert os.path.islink(variant / "target")  # the shared target, not a copy
+    for shared in ("regenerated", "feature_cache"):  # one set of rows and features for all
+      assert os.path.realpath(variant / shared) == os.path.realpath(base / shared)
     saved = json.load(open(variant / "draft" / "config.json"))
     assert saved["learning_rate"] == r["settings"]["learning_rate"]
     last = settings_sweep.final_metrics(str(variant / "draft"))

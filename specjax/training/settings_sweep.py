@@ -27,7 +27,9 @@ from specjax import run_dir as run_dir_lib
 from specjax.errors import SpecjaxError
 from specjax.training import budget as budget_lib
 
-SHARED = ("target", "regenerated")  # what every variant reads from the base run folder
+# what every variant reads from the base run folder: the frozen target, its regenerated rows and
+# its stored features (both keyed caches: the first variant that needs them writes them there)
+SHARED = ("target", "regenerated", "feature_cache")
 SETTINGS = "settings.json"  # a variant's settings, next to its model folder
 TOKEN_DEPTH = 4  # K at which a token drafter's teacher-forced tau is scored
 
@@ -144,10 +146,13 @@ def finished(model_dir: str):
   return row if row["step"] >= plan["num_steps"] else None
 
 
-def link_shared(base_run: str, variant_run: str):
+def link_shared(base_run: str, variant_run: str, create=()):
+  """Links the base run's SHARED folders into the variant's, creating those in `create` first."""
   os.makedirs(variant_run, exist_ok=True)
   if not os.path.isdir(os.path.join(base_run, "target")):
     raise SpecjaxError(f"{base_run} holds no trained target")
+  for name in create:
+    os.makedirs(os.path.join(base_run, name), exist_ok=True)
   for name in SHARED:
     src, dst = os.path.join(base_run, name), os.path.join(variant_run, name)
     if os.path.isdir(src) and not os.path.lexists(dst):
@@ -173,7 +178,8 @@ def sweep(base_cfg, run_dir: str, grid: dict, fixed: dict | None = None,
     variant_run = os.path.join(root, variant_name(settings))
     cfg.run_dir = variant_run
     if finished(run_dir_lib.model_dir(variant_run, name)) is None:
-      link_shared(base_run, variant_run)
+      link_shared(base_run, variant_run, create=["regenerated"] + (
+          ["feature_cache"] if cfg.get("feature_cache_store", False) else []))
       with open(os.path.join(variant_run, SETTINGS), "w") as f:
         json.dump(settings, f)
       print(f"[settings_sweep] {name} {variant_name(settings)}", flush=True)
