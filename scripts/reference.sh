@@ -3,14 +3,20 @@
 # wall-clock budget against it, then the side-by-side tables, the K and batch sweeps and the
 # report (RUN_DIR/report/report.md). About 2.5 hours on 2 CPU cores.
 #   bash scripts/reference.sh [run_dir]     (default runs/reference)
-# DRAFTERS="eagle3 dflash" trains and evaluates only those (beside AR and prompt lookup);
+# DRAFTERS="eagle3 dflash" (spaces or commas) trains and evaluates only those (beside AR and prompt lookup);
 # SWEEPS=0 skips the K and batch sweeps.
 # Resumable: a killed run picks up from the last checkpoint, and finished training or
 # evaluation steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${1:-runs/reference}
-DRAFTERS=${DRAFTERS:-draft mtp_parallel mtp_sequential eagle3 dflash dspark dflash2}
+ALL="draft mtp_parallel mtp_sequential eagle3 dflash dspark dflash2"
+DRAFTERS=${DRAFTERS:-$ALL}
+DRAFTERS=${DRAFTERS//,/ }
+for m in $DRAFTERS; do  # before the 45-minute target, not after it
+  case " $ALL " in *" $m "*) ;; *)
+    echo "scripts/reference.sh: DRAFTERS has '$m'; pick from: $ALL" >&2; exit 1;; esac
+done
 SWEEPS=${SWEEPS:-1}
 METHODS=ar,prompt_lookup,$(echo $DRAFTERS | tr ' ' ',')
 
